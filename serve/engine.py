@@ -1,0 +1,200 @@
+"""`PolicyEngine`: the Ray Serve deployment that hosts vLLM and owns the LoRA versions.
+
+Every request resolves its adapter once, at its start (the active version, a pinned version, or the
+base), and keeps it to the end: activation is a single assignment, so a hot-swap never touches an
+in-flight request (DESIGN.md "Serving never waits for training"). The active version is also written to
+`adapters/active.json`, from which every replica (and a restarted one) reconciles within a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import Any
+
+from ray import serve
+
+from core.config import EngineConfig, ModelConfig
+from core.contracts import parse_adapter_name
+from core.storage import StorageLayout, atomic_write_json, read_json
+from serve.adapters import AdapterRegistry
+from serve.protocol import EngineRequestError, Reply
+
+log = logging.getLogger("clawray.engine")
+
+
+class PolicyEngineImpl:
+    """The deployment's logic, kept apart from the decorator so it can be tested and composed."""
+
+    def __init__(self, model_path: str, model: dict, engine: dict, storage_root: str):
+        from serve.vllm_engine import VLLMServing
+
+        self.model_cfg = ModelConfig.model_validate(model)
+        self.engine_cfg = EngineConfig.model_validate(engine)
+        self.layout = StorageLayout(Path(storage_root)).ensure()
+        self.vllm = VLLMServing(model_path, self.model_cfg, self.engine_cfg)
+        self.reg = AdapterRegistry(
+            self.model_cfg.served_name, self.model_cfg.policy_alias, self.engine_cfg.adapter_retention
+        )
+        self._lock = asyncio.Lock()  # serialises load/activate/unload
+        self._pointer_mtime = 0.0
+        self._reconciler: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await self.vllm.start()
+        await self._reconcile()
+        self._reconciler = asyncio.get_running_loop().create_task(self._reconcile_loop())
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    def _pin(self, body: dict[str, Any]) -> str | None:
+        name = self.reg.resolve(body.get("model"))
+        body["model"] = name or self.model_cfg.served_name
+        self.reg.begin(name)
+        return name
+
+    async def _done(self, name: str | None) -> None:
+        for victim in self.reg.end(name):
+            await self._remove(victim)
+
+    async def chat(self, body: dict[str, Any]) -> Reply:
+        name = self._pin(body)
+        try:
+            return await self.vllm.chat(body)
+        finally:
+            await self._done(name)
+
+    async def messages(self, body: dict[str, Any]) -> Reply:
+        name = self._pin(body)
+        try:
+            return await self.vllm.messages(body)
+        finally:
+            await self._done(name)
+
+    async def chat_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
+        name = self._pin(body)
+        try:
+            async for item in self.vllm.chat_stream(body):
+                yield item
+        finally:
+            await self._done(name)
+
+    async def messages_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
+        name = self._pin(body)
+        try:
+            async for item in self.vllm.messages_stream(body):
+                yield item
+        finally:
+            await self._done(name)
+
+    async def count_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
+        body["model"] = self.model_cfg.served_name
+        return await self.vllm.count_tokens(body)
+
+    async def models(self) -> dict[str, Any]:
+        snap = self.reg.snapshot()
+        return {
+            "base": self.model_cfg.served_name,
+            "alias": self.model_cfg.policy_alias,
+            "active": snap["active"],
+            "loaded": snap["loaded"],
+            "max_model_len": self.model_cfg.max_model_len,
+        }
+
+    # ---- versioned LoRA -------------------------------------------------------------------------
+
+    def _path(self, name: str) -> Path:
+        parse_adapter_name(name)
+        path = self.layout.adapters / name
+        if not (path / "adapter_config.json").is_file():
+            raise EngineRequestError(404, f"adapter {name!r} is not published under the storage root")
+        return path
+
+    async def load_adapter(self, name: str) -> dict[str, Any]:
+        """Load a published version by name (its folder under `adapters/`). Idempotent."""
+        try:
+            path = self._path(name)
+        except ValueError as e:
+            raise EngineRequestError(400, str(e)) from None
+        async with self._lock:
+            if name not in self.reg.loaded or name in self.reg.retiring:
+                await self.vllm.add_lora(name, str(path))
+                self.reg.add(name, str(path))
+        return self.reg.snapshot()
+
+    async def activate(self, name: str | None) -> dict[str, Any]:
+        """Make `name` (None = base model) what new requests get; older versions beyond retention go."""
+        if name is not None and name not in self.reg.loaded:
+            await self.load_adapter(name)
+        async with self._lock:
+            try:
+                self.reg.activate(name)
+            except KeyError as e:
+                raise EngineRequestError(404, str(e)) from None
+            atomic_write_json(self.layout.adapters / "active.json", {"active": name})
+            self._pointer_mtime = (self.layout.adapters / "active.json").stat().st_mtime
+            for victim in self.reg.over_retention():
+                if self.reg.retire(victim):
+                    await self._remove(victim)
+        log.info("active adapter: %s", name or "<base>")
+        return self.reg.snapshot()
+
+    async def publish(self, name: str) -> dict[str, Any]:
+        """Load and activate a freshly published version (what the trainer calls)."""
+        await self.load_adapter(name)
+        return await self.activate(name)
+
+    async def unload(self, name: str) -> dict[str, Any]:
+        async with self._lock:
+            try:
+                ready = self.reg.retire(name)
+            except KeyError as e:
+                raise EngineRequestError(404, str(e)) from None
+            except ValueError as e:
+                raise EngineRequestError(409, str(e)) from None
+            for victim in ready:
+                await self._remove(victim)
+        return self.reg.snapshot()
+
+    async def adapters(self) -> dict[str, Any]:
+        return self.reg.snapshot()
+
+    async def _remove(self, name: str) -> None:
+        await self.vllm.remove_lora(name)
+        self.reg.forget(name)
+
+    async def _reconcile(self) -> None:
+        """Follow `adapters/active.json` (another replica, or our previous life, may have moved it)."""
+        pointer = self.layout.adapters / "active.json"
+        try:
+            mtime = pointer.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if mtime == self._pointer_mtime:
+            return
+        self._pointer_mtime = mtime
+        want = (read_json(pointer, {}) or {}).get("active")
+        if want != self.reg.active:
+            try:
+                await self.activate(want)
+            except EngineRequestError as e:
+                log.warning("cannot follow active adapter %s: %s", want, e.message)
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            await self._reconcile()
+
+
+@serve.deployment(name="PolicyEngine", max_ongoing_requests=256, health_check_period_s=10)
+class PolicyEngine(PolicyEngineImpl):
+    """Serve deployment; Serve awaits the async constructor before routing requests to it."""
+
+    async def __init__(self, model_path: str, model: dict, engine: dict, storage_root: str):
+        PolicyEngineImpl.__init__(self, model_path, model, engine, storage_root)
+        await self.start()
+
+    async def check_health(self) -> None:
+        await self.vllm.client.check_health()

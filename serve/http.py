@@ -1,0 +1,90 @@
+"""HTTP edge helpers for the Proxy: body limits, JSON parsing, auth, error bodies. No Ray, no vLLM."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from serve.turns import RequestError
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def is_loopback(host: str) -> bool:
+    return host in LOOPBACK or host.startswith("127.")
+
+
+def openai_error(status: int, message: str, err_type: str | None = None) -> JSONResponse:
+    err_type = err_type or ("invalid_request_error" if status < 500 else "server_error")
+    return JSONResponse({"error": {"message": message, "type": err_type, "code": status}}, status)
+
+
+def anthropic_error(status: int, message: str) -> JSONResponse:
+    kind = {
+        400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+        404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+    }.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status)
+
+
+async def read_json_body(request: Request, limit: int) -> dict[str, Any]:
+    """The request's JSON object, refusing bodies over `limit` bytes (413) before reading them whole."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                raise RequestError(f"request body exceeds {limit} bytes", 413)
+        except ValueError:
+            raise RequestError("invalid Content-Length header") from None
+    buf = bytearray()
+    async for chunk in request.stream():
+        buf += chunk
+        if len(buf) > limit:
+            raise RequestError(f"request body exceeds {limit} bytes", 413)
+    try:
+        data = json.loads(bytes(buf).decode("utf-8"))
+    except UnicodeDecodeError:
+        raise RequestError("request body is not valid UTF-8") from None
+    except json.JSONDecodeError as e:
+        raise RequestError(f"request body is not valid JSON: {e.msg} at position {e.pos}") from None
+    if not isinstance(data, dict):
+        raise RequestError("request body must be a JSON object")
+    return data
+
+
+def require_messages(body: dict[str, Any]) -> None:
+    msgs = body.get("messages")
+    if msgs is None:
+        raise RequestError("'messages' is required")
+    if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+        raise RequestError("'messages' must be a non-empty list of message objects")
+    for i, m in enumerate(msgs):
+        if not isinstance(m.get("role"), str):
+            raise RequestError(f"messages[{i}].role is required")
+
+
+def presented_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+def key_matches(presented: str | None, expected: str | None) -> bool:
+    if expected is None:
+        return True
+    return presented is not None and hmac.compare_digest(presented.encode(), expected.encode())
+
+
+def client_fingerprint(request: Request) -> str:
+    """Who is calling, for derived session ids: key fingerprint (never the key) + address + agent."""
+    import hashlib
+
+    key = presented_key(request) or ""
+    kf = hashlib.sha256(key.encode()).hexdigest()[:16] if key else "-"
+    host = request.client.host if request.client else "-"
+    return f"{kf}|{host}|{request.headers.get('user-agent', '-')}"

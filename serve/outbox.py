@@ -1,0 +1,109 @@
+"""Where completed turns go: a scoring sink behind one interface, fed by a durable outbox dispatcher.
+
+Sinks: `JsonlTurnSink` (durable local file, the default until a PRM pool runs) and `ActorPoolSink` (the
+named `PRM-i` actors of the rewards plane, reached by name, so serve/ never imports rewards/). A sink
+raises when it could not take a turn; the dispatcher then leaves the turn in the outbox and retries later,
+so a dead or slow scorer never blocks serving and never loses a turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from pathlib import Path
+from typing import Protocol
+
+from core.contracts import Turn
+from serve.sessions import SessionStore
+
+log = logging.getLogger("clawray.outbox")
+
+
+class TurnSink(Protocol):
+    async def submit(self, turns: list[Turn]) -> None:
+        """Take `turns` durably or raise; must be idempotent per `turn_id` (re-delivery happens)."""
+
+
+class JsonlTurnSink:
+    """Appends completed turns to a JSON-lines file, fsync'd before returning."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def _write(self, turns: list[Turn]) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            for t in turns:
+                f.write(t.model_dump_json() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    async def submit(self, turns: list[Turn]) -> None:
+        await asyncio.to_thread(self._write, turns)
+
+
+class ActorPoolSink:
+    """Calls `score(turn)` on named actors (round robin); a turn counts as taken when that returns."""
+
+    def __init__(self, names: list[str], namespace: str = "clawray", timeout_s: float = 120.0):
+        self.names, self.namespace, self.timeout_s = names, namespace, timeout_s
+        self._rr = itertools.cycle(range(len(names)))
+
+    async def submit(self, turns: list[Turn]) -> None:
+        import ray
+
+        async def one(turn: Turn) -> None:
+            actor = ray.get_actor(self.names[next(self._rr)], namespace=self.namespace)
+            await asyncio.wait_for(actor.score.remote(turn), self.timeout_s)
+
+        await asyncio.gather(*(one(t) for t in turns))
+
+
+class Dispatcher:
+    """Background loop of one Proxy replica: flush idle sessions, drain the outbox into the sink."""
+
+    def __init__(self, store: SessionStore, sink: TurnSink, idle_s: float, interval_s: float = 0.5,
+                 batch: int = 16, lease_s: float = 300.0, retry_s: float = 5.0):
+        self.store, self.sink = store, sink
+        self.idle_s, self.interval_s, self.batch = idle_s, interval_s, batch
+        self.lease_s, self.retry_s = lease_s, retry_s
+        self.dispatched = 0
+        self.failures = 0
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+
+    async def drain_once(self) -> int:
+        await asyncio.to_thread(self.store.flush_idle, self.idle_s)
+        turns = await asyncio.to_thread(self.store.claim, self.batch, self.lease_s)
+        if not turns:
+            return 0
+        ids = [t.turn_id for t in turns]
+        try:
+            await self.sink.submit(turns)
+        except Exception as e:  # noqa: BLE001 - any sink failure means "retry later", never "drop"
+            self.failures += 1
+            log.warning("scoring sink refused %d turns (%s: %s); retrying in %.0fs",
+                        len(turns), type(e).__name__, e, self.retry_s)
+            await asyncio.to_thread(self.store.release, ids, self.retry_s)
+            return 0
+        await asyncio.to_thread(self.store.mark_dispatched, ids)
+        self.dispatched += len(ids)
+        return len(ids)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                n = await self.drain_once()
+            except Exception:  # noqa: BLE001 - keep the loop alive; the store is retried next tick
+                log.exception("outbox dispatch failed")
+                n = 0
+            if n < self.batch:
+                await asyncio.sleep(self.interval_s)

@@ -1,0 +1,252 @@
+"""`Proxy`: clawray's ingress (FastAPI on Ray Serve): auth, sessions, skill injection, turn capture.
+
+Routes (errors become status codes only here): OpenAI `POST /v1/chat/completions`, `GET /v1/models`;
+Anthropic `POST /v1/messages`, `POST /v1/messages/count_tokens`; `GET /healthz`; session end
+`POST /v1/sessions/{id}/end`; admin (own key) `/admin/adapters…`. Generation happens in the
+`PolicyEngine` deployment behind a handle; this replica holds the handle and a session store, no engine
+state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from ray import serve
+
+from core.config import ProxyConfig, SkillsConfig
+from core.storage import StorageLayout
+from serve.http import (
+    anthropic_error,
+    client_fingerprint,
+    key_matches,
+    openai_error,
+    presented_key,
+    read_json_body,
+    require_messages,
+)
+from serve.injection import SkillInjector
+from serve.outbox import ActorPoolSink, Dispatcher, JsonlTurnSink
+from serve.protocol import EngineRequestError, Reply
+from serve.sessions import SessionStore
+from serve.turns import (
+    RequestError,
+    StreamToolCalls,
+    TurnMeta,
+    extract_meta,
+    next_state_of,
+    tool_calls_of,
+    turns_from_reply,
+)
+
+log = logging.getLogger("clawray.proxy")
+app = FastAPI(title="clawray proxy", version="0.1.0")
+TERMINAL = ("data: [DONE]", "event: message_stop")
+
+
+class ProxyImpl:
+    def __init__(self, engine: Any, proxy: dict, skills: dict, storage_root: str,
+                 sink_actors: list[str] | None = None):
+        self.engine = engine
+        self.cfg = ProxyConfig.model_validate(proxy)
+        layout = StorageLayout(Path(storage_root)).ensure()
+        self.store = SessionStore(layout.sessions / "sessions.db")
+        sink = ActorPoolSink(sink_actors) if sink_actors else JsonlTurnSink(layout.sessions / "completed.jsonl")
+        self.dispatcher = Dispatcher(self.store, sink, self.cfg.session_idle_timeout_s)
+        self.injector = SkillInjector.build(SkillsConfig.model_validate(skills), layout.skills)
+        # Keys are read here, from the env vars the config names, so they never travel as arguments.
+        self.api_key = os.environ.get(self.cfg.api_key_env) if self.cfg.api_key_env else None
+        self.admin_key = os.environ.get(self.cfg.admin_key_env) or None
+        self._started = False
+
+    def _ensure_started(self) -> None:
+        if not self._started:  # needs the replica's running loop, so not in __init__
+            self._started = True
+            self.dispatcher.start()
+            if self.injector is not None:
+                self.injector.start()
+
+    # ---- auth -------------------------------------------------------------------------------------
+
+    def _auth(self, request: Request) -> None:
+        if not key_matches(presented_key(request), self.api_key):
+            raise RequestError("missing or invalid API key", 401)
+
+    def _admin(self, request: Request) -> None:
+        if self.admin_key is None:
+            raise RequestError("admin routes are disabled: set the admin key (proxy.admin_key_env)", 403)
+        if not key_matches(request.headers.get("x-admin-key"), self.admin_key):
+            raise RequestError("missing or invalid admin key", 401)
+
+    # ---- generation -------------------------------------------------------------------------------
+
+    def _prepare(self, body: dict[str, Any], request: Request, anthropic: bool) -> tuple[TurnMeta, list, int]:
+        meta = extract_meta(body, {k.lower(): v for k, v in request.headers.items()},
+                            client_fingerprint(request))
+        skills, generation = [], 0
+        if self.injector is not None and meta.turn_type.value == "main":
+            skills, generation = self.injector.inject(body, anthropic)
+        return meta, skills, generation
+
+    async def _record(self, reply: Reply, meta: TurnMeta, skills: list[str], generation: int,
+                      tool_calls: list[list[dict]]) -> None:
+        if meta.turn_type.value != "main":
+            if meta.session_done:
+                await asyncio.to_thread(self.store.end_session, meta.session_id)
+            return
+        turns = turns_from_reply(reply, meta, skills, generation, tool_calls)
+        if turns:
+            await asyncio.to_thread(self.store.record, turns, next_state_of(reply.messages))
+
+    async def generate(self, request: Request, anthropic: bool) -> Any:
+        self._ensure_started()
+        error = anthropic_error if anthropic else openai_error
+        try:
+            self._auth(request)
+            body = await read_json_body(request, self.cfg.max_body_bytes)
+            require_messages(body)
+            meta, skills, generation = self._prepare(body, request, anthropic)
+            if body.get("stream"):
+                return await self._stream(body, meta, skills, generation, anthropic)
+            method = self.engine.messages if anthropic else self.engine.chat
+            reply: Reply = await method.remote(body)
+        except RequestError as e:
+            return error(e.status, str(e))
+        except EngineRequestError as e:
+            return error(e.status, e.message)
+        await self._record(reply, meta, skills, generation, tool_calls_of(reply.body))
+        return JSONResponse(reply.body)
+
+    async def _stream(self, body: dict, meta: TurnMeta, skills: list[str], generation: int,
+                      anthropic: bool) -> StreamingResponse:
+        method = "messages_stream" if anthropic else "chat_stream"
+        gen = getattr(self.engine.options(stream=True), method).remote(body)
+        first = await gen.__anext__()  # request errors surface here, before any byte is sent
+        tools = StreamToolCalls() if body.get("tools") and not anthropic else None
+
+        async def events():
+            item, held = first, None
+            while True:
+                if isinstance(item, Reply):
+                    n = len(item.capture.choices)
+                    await self._record(item, meta, skills, generation, tools.result(n) if tools else [])
+                    break
+                if item.startswith(TERMINAL):
+                    held = item  # sent only once the turn is recorded: the next turn must find it
+                else:
+                    if tools is not None:
+                        tools.feed(item)
+                    yield item
+                try:
+                    item = await gen.__anext__()
+                except StopAsyncIteration:
+                    break
+            if held is not None:
+                yield held
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@serve.deployment(name="Proxy", max_ongoing_requests=512)
+@serve.ingress(app)
+class Proxy(ProxyImpl):
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request):
+        return await self.generate(request, anthropic=False)
+
+    @app.post("/v1/messages")
+    async def messages(self, request: Request):
+        return await self.generate(request, anthropic=True)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(self, request: Request):
+        try:
+            self._auth(request)
+            body = await read_json_body(request, self.cfg.max_body_bytes)
+            require_messages(body)
+            extract_meta(body, {}, "")
+            return JSONResponse(await self.engine.count_tokens.remote(body))
+        except RequestError as e:
+            return anthropic_error(e.status, str(e))
+        except EngineRequestError as e:
+            return anthropic_error(e.status, e.message)
+
+    @app.get("/v1/models")
+    async def models(self, request: Request):
+        try:
+            self._auth(request)
+        except RequestError as e:
+            return openai_error(e.status, str(e))
+        info = await self.engine.models.remote()
+        now = int(time.time())
+        ids = [info["base"], info["alias"], *info["loaded"]]
+        data = [{"id": i, "object": "model", "created": now, "owned_by": "clawray",
+                 "max_model_len": info["max_model_len"],
+                 **({"active": info["active"]} if i == info["alias"] else {})} for i in ids]
+        return {"object": "list", "data": data}
+
+    @app.get("/healthz")
+    async def healthz(self):
+        self._ensure_started()
+        try:
+            info = await asyncio.wait_for(self.engine.models.remote(), 5)
+        except Exception as e:  # noqa: BLE001 - any engine failure means "unhealthy", reported not raised
+            return JSONResponse({"status": "unhealthy", "engine": type(e).__name__}, 503)
+        return {"status": "ok", "active_adapter": info["active"], "outbox": self.dispatcher.dispatched}
+
+    @app.post("/v1/sessions/{session_id}/end")
+    async def end_session(self, session_id: str, request: Request):
+        try:
+            self._auth(request)
+        except RequestError as e:
+            return openai_error(e.status, str(e))
+        n = await asyncio.to_thread(self.store.end_session, session_id)
+        return {"session_id": session_id, "flushed": n}
+
+    # ---- admin --------------------------------------------------------------------------------------
+
+    async def _admin_call(self, request: Request, method: str, *args: Any):
+        try:
+            self._admin(request)
+            return JSONResponse(await getattr(self.engine, method).remote(*args))
+        except RequestError as e:
+            return openai_error(e.status, str(e))
+        except EngineRequestError as e:
+            return openai_error(e.status, e.message)
+
+    @app.get("/admin/adapters")
+    async def list_adapters(self, request: Request):
+        return await self._admin_call(request, "adapters")
+
+    @app.post("/admin/adapters/{name}/load")
+    async def load_adapter(self, name: str, request: Request):
+        return await self._admin_call(request, "load_adapter", name)
+
+    @app.post("/admin/adapters/{name}/activate")
+    async def activate_adapter(self, name: str, request: Request):
+        return await self._admin_call(request, "activate", None if name == "base" else name)
+
+    @app.delete("/admin/adapters/{name}")
+    async def unload_adapter(self, name: str, request: Request):
+        return await self._admin_call(request, "unload", name)
+
+    @app.get("/admin/sessions/stats")
+    async def session_stats(self, request: Request):
+        try:
+            self._admin(request)
+        except RequestError as e:
+            return openai_error(e.status, str(e))
+        return await asyncio.to_thread(self.store.stats)
+
+
+@app.exception_handler(Exception)
+async def _internal(request: Request, exc: Exception):  # never leak stack traces or upstream details
+    log.error("unhandled %s on %s", type(exc).__name__, request.url.path)
+    return openai_error(500, "internal error")

@@ -1,0 +1,177 @@
+"""Pure request/turn logic of the Proxy: session identity, clawray fields, next state, Turn records."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from core.contracts import Turn, TurnType
+from serve.protocol import Reply
+
+# Body fields clawray reads and strips before generation (the same as the X-* headers).
+CLAWRAY_FIELDS = ("session_id", "turn_type", "session_done", "user_id", "workspace_id", "clawray_eval")
+HEADER_FIELDS = {
+    "session_id": "x-session-id",
+    "turn_type": "x-turn-type",
+    "session_done": "x-session-done",
+    "user_id": "x-user-id",
+    "workspace_id": "x-workspace-id",
+}
+MAX_ID_LEN = 128
+
+
+class RequestError(ValueError):
+    """Bad client input: becomes a 4xx with this message."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class TurnMeta:
+    session_id: str
+    turn_type: TurnType
+    session_done: bool
+    tenant: str
+    eval_spec: dict[str, Any] | None
+    derived: bool  # the client sent no session id
+
+
+def _truthy(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    return str(v).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _clean_id(name: str, v: Any) -> str | None:
+    if v is None or v == "":
+        return None
+    s = str(v)
+    if len(s) > MAX_ID_LEN or not s.isprintable():
+        raise RequestError(f"{name} must be a printable string of at most {MAX_ID_LEN} characters")
+    return s
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def derive_session_id(tenant: str, client_key: str, messages: list[dict[str, Any]]) -> str:
+    """A stable id for clients that send none: same client + same conversation start -> same session.
+
+    Two different clients (key or address) or two conversations with different openings never merge.
+    """
+    system = next((_text(m.get("content")) for m in messages if m.get("role") == "system"), "")
+    first_user = next((_text(m.get("content")) for m in messages if m.get("role") == "user"), "")
+    h = hashlib.sha256(json.dumps([tenant, client_key, system, first_user]).encode()).hexdigest()
+    return f"derived-{h[:32]}"
+
+
+def extract_meta(body: dict[str, Any], headers: dict[str, str], client_key: str) -> TurnMeta:
+    """Read clawray's fields from headers (preferred) or body, strip them from `body` in place."""
+    vals = {k: body.pop(k, None) for k in CLAWRAY_FIELDS}
+    for field, header in HEADER_FIELDS.items():
+        if header in headers:
+            vals[field] = headers[header]
+    turn_type = str(vals["turn_type"] or "main").lower()
+    if turn_type not in ("main", "side"):
+        raise RequestError("X-Turn-Type must be 'main' or 'side'")
+    eval_spec = vals["clawray_eval"]
+    if eval_spec is not None and not isinstance(eval_spec, dict):
+        raise RequestError("clawray_eval must be an object")
+    user = _clean_id("X-User-Id", vals["user_id"]) or "default"
+    workspace = _clean_id("X-Workspace-Id", vals["workspace_id"]) or "default"
+    tenant = f"{user}/{workspace}"
+    session = _clean_id("X-Session-Id", vals["session_id"])
+    messages = body.get("messages") or []
+    return TurnMeta(
+        session_id=session or derive_session_id(tenant, client_key, messages),
+        turn_type=TurnType(turn_type),
+        session_done=_truthy(vals["session_done"]) if vals["session_done"] is not None else False,
+        tenant=tenant,
+        eval_spec=eval_spec,
+        derived=session is None,
+    )
+
+
+def next_state_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The messages after the last assistant message: what followed the previous turn."""
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].get("role") == "assistant":
+            tail = messages[i + 1:]
+            return tail or None
+    return None
+
+
+def turns_from_reply(
+    reply: Reply, meta: TurnMeta, skills: list[str], generation: int, tool_calls: list[list[dict]]
+) -> list[Turn]:
+    """One Turn per sampled choice; several choices share a `group_id` (GRPO groups)."""
+    cap = reply.capture
+    group = uuid.uuid4().hex if len(cap.choices) > 1 else None
+    out = []
+    for idx in sorted(cap.choices):
+        c = cap.choices[idx]
+        out.append(
+            Turn(
+                session_id=meta.session_id,
+                turn_index=0,  # assigned by the session store
+                tenant=meta.tenant,
+                turn_type=meta.turn_type,
+                messages=reply.messages,
+                prompt_ids=cap.prompt_ids,
+                response_ids=c.token_ids,
+                response_logprobs=c.logprobs,
+                response_text=c.text,
+                tool_calls=tool_calls[idx] if idx < len(tool_calls) else [],
+                finish_reason=c.finish_reason,
+                skills=skills,
+                skill_generation=generation,
+                adapter_version=cap.adapter,
+                group_id=group,
+                last_in_session=meta.session_done,
+                eval_spec=meta.eval_spec,
+            )
+        )
+    return out
+
+
+def tool_calls_of(body: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """Per choice, the tool calls of a non-streaming OpenAI body (Anthropic: tool_use blocks)."""
+    if "choices" in body:
+        return [(c.get("message") or {}).get("tool_calls") or [] for c in body["choices"]]
+    blocks = [b for b in body.get("content", []) if b.get("type") == "tool_use"]
+    return [[{"id": b.get("id"), "function": {"name": b.get("name"), "arguments": json.dumps(b.get("input"))}}
+             for b in blocks]]
+
+
+class StreamToolCalls:
+    """Accumulates OpenAI streaming `delta.tool_calls` fragments (only parsed when tools were sent)."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, dict[int, dict[str, Any]]] = {}
+
+    def feed(self, chunk: str) -> None:
+        if not chunk.startswith("data: {") or '"tool_calls"' not in chunk:
+            return
+        data = json.loads(chunk[6:])
+        for choice in data.get("choices", []):
+            for tc in (choice.get("delta") or {}).get("tool_calls") or []:
+                slot = self.calls.setdefault(choice["index"], {}).setdefault(
+                    tc.get("index", 0), {"id": None, "function": {"name": "", "arguments": ""}}
+                )
+                slot["id"] = tc.get("id") or slot["id"]
+                fn = tc.get("function") or {}
+                slot["function"]["name"] += fn.get("name") or ""
+                slot["function"]["arguments"] += fn.get("arguments") or ""
+
+    def result(self, n: int) -> list[list[dict[str, Any]]]:
+        return [[c for _, c in sorted(self.calls.get(i, {}).items())] for i in range(n)]

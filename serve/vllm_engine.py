@@ -1,0 +1,215 @@
+"""vLLM hosted in-process with its own OpenAI and Anthropic serving objects (no Ray here).
+
+We do not re-implement chat templates, tool parsing or streaming formats: `init_app_state` builds vLLM's
+`OpenAIServingChat`, `AnthropicServingMessages` and `OpenAIServingModels` exactly as `vllm serve` does,
+around a `TappedEngineClient` that captures token ids and logprobs (see capture.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import AsyncGenerator
+from contextlib import AsyncExitStack
+from typing import Any
+
+from core.config import EngineConfig, ModelConfig
+from serve.capture import Capture, TappedEngineClient
+from serve.protocol import EngineRequestError, Reply
+
+log = logging.getLogger("clawray.engine")
+
+
+def vllm_cli_args(model_path: str, model: ModelConfig, engine: EngineConfig) -> list[str]:
+    """The `vllm serve` flags for our config: the same parser, so every vLLM option stays reachable."""
+    args = [
+        "--model", model_path,
+        "--served-model-name", model.served_name,
+        "--dtype", model.dtype,
+        "--max-model-len", str(model.max_model_len),
+        "--enable-lora",
+        "--max-loras", str(engine.max_loras),
+        "--max-lora-rank", str(engine.max_lora_rank),
+        "--max-cpu-loras", str(engine.max_cpu_loras),
+        "--enable-auto-tool-choice",
+        "--tool-call-parser", engine.tool_call_parser,
+        "--disable-log-stats",
+        "--enable-prefix-caching",
+    ]
+    if engine.enforce_eager:
+        args.append("--enforce-eager")
+    if engine.device == "gpu":
+        args += ["--gpu-memory-utilization", str(engine.gpu_memory_utilization)]
+    return args
+
+
+class VLLMServing:
+    """One vLLM engine plus vLLM's serving layer. Call `await start()` once."""
+
+    def __init__(self, model_path: str, model: ModelConfig, engine: EngineConfig):
+        self.model_path, self.model_cfg, self.engine_cfg = model_path, model, engine
+        self._stack = AsyncExitStack()
+        self.client: TappedEngineClient | None = None
+        self.state: Any = None
+
+    async def start(self) -> None:
+        if self.engine_cfg.device == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.engine_cfg.kv_cache_gib))
+        from starlette.datastructures import State
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+        from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(
+            vllm_cli_args(self.model_path, self.model_cfg, self.engine_cfg)
+        )
+        inner = await self._stack.enter_async_context(build_async_engine_client(args))
+        self.client = TappedEngineClient(inner)
+        self.state = State()
+        tasks = await inner.get_supported_tasks()
+        await init_app_state(self.client, self.state, args, supported_tasks=tasks)
+
+    async def close(self) -> None:
+        await self._stack.aclose()
+
+    # ---- requests -------------------------------------------------------------------------------
+
+    def _chat_request(self, body: dict[str, Any]):
+        from pydantic import ValidationError
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        try:
+            return ChatCompletionRequest.model_validate(body)
+        except ValidationError as e:
+            raise EngineRequestError(400, _first_error(e)) from None
+        except _client_errors() as e:  # vLLM's own validators raise VLLMClientError
+            raise EngineRequestError(400, str(e)) from None
+
+    def _anthropic_request(self, body: dict[str, Any]):
+        from pydantic import ValidationError
+        from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
+
+        try:
+            req = AnthropicMessagesRequest.model_validate(body)
+        except ValidationError as e:
+            raise EngineRequestError(400, _first_error(e)) from None
+        except _client_errors() as e:  # vLLM's own validators raise VLLMClientError
+            raise EngineRequestError(400, str(e)) from None
+        serving = self.state.anthropic_serving_messages
+        return serving.to_chat_completion_request(
+            req, merge_inline_system=serving._merge_inline_system
+        )
+
+    async def _run_chat(self, serving: Any, chat_req: Any) -> tuple[Any, Capture, str]:
+        key = uuid.uuid4().hex
+        chat_req.request_id = key
+        cap = self.client.register(key)
+        try:
+            result = await serving.create_chat_completion(chat_req, None)
+        except _client_errors() as e:
+            self.client.release(key)
+            raise EngineRequestError(400, str(e)) from None
+        if _is_error(result):
+            self.client.release(key)
+            err = result.error
+            raise EngineRequestError(int(err.code), err.message, err.type)
+        return result, cap, key
+
+    async def chat(self, body: dict[str, Any]) -> Reply:
+        chat_req = self._chat_request(body)
+        result, cap, key = await self._run_chat(self.state.openai_serving_chat, chat_req)
+        self.client.release(key)
+        return Reply(result.model_dump(mode="json", exclude_none=True), cap, body["messages"])
+
+    async def chat_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
+        """Yields vLLM's SSE strings as they come, then one final `Reply` (body empty)."""
+        chat_req = self._chat_request(body)
+        gen, cap, key = await self._run_chat(self.state.openai_serving_chat, chat_req)
+        try:
+            async for chunk in gen:
+                yield chunk
+        finally:
+            self.client.release(key)
+        yield Reply({}, cap, body["messages"])
+
+    async def messages(self, body: dict[str, Any]) -> Reply:
+        serving = self.state.anthropic_serving_messages
+        chat_req = self._anthropic_request(body)
+        result, cap, key = await self._run_chat(serving, chat_req)
+        self.client.release(key)
+        out = serving.messages_full_converter(result)
+        return Reply(out.model_dump(mode="json", exclude_none=True), cap, _dump_messages(chat_req))
+
+    async def messages_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
+        serving = self.state.anthropic_serving_messages
+        chat_req = self._anthropic_request(body)
+        gen, cap, key = await self._run_chat(serving, chat_req)
+        try:
+            async for chunk in serving.message_stream_converter(gen):
+                yield chunk
+        finally:
+            self.client.release(key)
+        yield Reply({}, cap, _dump_messages(chat_req))
+
+    async def count_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
+        chat_req = self._anthropic_request(body)
+        chat_req.messages = chat_req.messages
+        tok = self.state.openai_serving_chat.renderer.tokenizer
+        ids = tok.apply_chat_template(
+            _dump_messages(chat_req), tools=_tools(chat_req), add_generation_prompt=True, tokenize=True
+        )
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        return {"input_tokens": len(ids)}
+
+    # ---- LoRA -----------------------------------------------------------------------------------
+
+    async def add_lora(self, name: str, path: str) -> None:
+        from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest
+
+        res = await self.state.openai_serving_models.load_lora_adapter(
+            LoadLoRAAdapterRequest(lora_name=name, lora_path=path)
+        )
+        if _is_error(res):
+            raise EngineRequestError(int(res.error.code), res.error.message, res.error.type)
+
+    async def remove_lora(self, name: str) -> None:
+        from vllm.entrypoints.serve.lora.protocol import UnloadLoRAAdapterRequest
+
+        models = self.state.openai_serving_models
+        lora = models.lora_requests.get(name)
+        res = await models.unload_lora_adapter(UnloadLoRAAdapterRequest(lora_name=name))
+        if _is_error(res):
+            raise EngineRequestError(int(res.error.code), res.error.message, res.error.type)
+        if lora is not None:  # also free the engine's slot (the serving layer only forgets the name)
+            await self.client.remove_lora(lora.lora_int_id)
+
+    def tokenizer(self) -> Any:
+        return self.state.openai_serving_chat.renderer.tokenizer
+
+
+def _client_errors() -> tuple[type[Exception], ...]:
+    from vllm.exceptions import VLLMClientError
+
+    return (ValueError, TypeError, VLLMClientError)
+
+
+def _is_error(obj: Any) -> bool:
+    return type(obj).__name__ == "ErrorResponse"
+
+
+def _first_error(e: Any) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in err.get("loc", ()))
+    return f"{loc}: {err.get('msg')}" if loc else str(err.get("msg"))
+
+
+def _dump_messages(chat_req: Any) -> list[dict[str, Any]]:
+    return [m if isinstance(m, dict) else m.model_dump(exclude_none=True) for m in chat_req.messages]
+
+
+def _tools(chat_req: Any) -> list[dict[str, Any]] | None:
+    if not chat_req.tools:
+        return None
+    return [t.model_dump(exclude_none=True) for t in chat_req.tools]

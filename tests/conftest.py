@@ -1,0 +1,89 @@
+"""Shared fixtures. Integration tests share ONE local Ray cluster per test session (start cost)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray cluster for the whole test session (namespace `clawray`)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=8,  # logical CPUs: actors take fractions; the machine has 2 cores
+            namespace="clawray",
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
+        )
+    yield ray
+    try:
+        from ray import serve
+
+        serve.shutdown()
+    except Exception:  # noqa: BLE001 - best effort teardown; Ray may already be down
+        pass
+    ray.shutdown()
+
+# Admin routes need a key; workers inherit the driver's env, so set it before Ray starts.
+os.environ.setdefault("CLAWRAY_ADMIN_KEY", "test-admin-key")
+ADMIN_HEADERS = {"X-Admin-Key": os.environ["CLAWRAY_ADMIN_KEY"]}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def storage_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("storage")
+
+
+@pytest.fixture(scope="session")
+def test_config(storage_root):
+    from core.config import load_config
+
+    env = dict(os.environ)
+    env["CLAWRAY__STORAGE_ROOT"] = str(storage_root)
+    env["CLAWRAY__PROXY__PORT"] = str(_free_port())
+    env["CLAWRAY__PROXY__SESSION_IDLE_TIMEOUT_S"] = "3600"
+    return load_config(REPO / "configs" / "local.yaml", env=env)
+
+
+@pytest.fixture(scope="session")
+def serve_app(ray_cluster, test_config):
+    """The real clawray Serve app (Proxy -> PolicyEngine with vLLM on CPU), once per test session."""
+    from ray import serve
+
+    from cluster.serve_app import APP_NAME, build_app
+
+    serve.start(http_options={"host": "127.0.0.1", "port": test_config.proxy.port})
+    serve.run(build_app(test_config), name=APP_NAME, route_prefix="/")
+    base = f"http://127.0.0.1:{test_config.proxy.port}"
+    yield {"base_url": base, "config": test_config}
+    serve.delete(APP_NAME)
+
+
+@pytest.fixture(scope="session")
+def openai_client(serve_app):
+    import openai
+
+    return openai.OpenAI(base_url=serve_app["base_url"] + "/v1", api_key="unused", max_retries=0)

@@ -1,0 +1,96 @@
+import multiprocessing as mp
+import os
+import signal
+
+from core.contracts import Turn
+from serve.sessions import SessionStore
+from serve.turns import RequestError, derive_session_id, extract_meta, next_state_of
+
+
+def _turn(sid, **kw):
+    return Turn(session_id=sid, turn_index=0, prompt_ids=[1], response_ids=[2], response_logprobs=[-1.0], **kw)
+
+
+def test_next_turn_completes_previous(tmp_path):
+    s = SessionStore(tmp_path / "s.db")
+    (a,) = s.record([_turn("s1")], None)
+    assert a.turn_index == 0 and s.claim(10, 60) == []  # pending until its next state arrives
+    nxt = [{"role": "user", "content": "feedback"}]
+    (b,) = s.record([_turn("s1")], nxt)
+    assert b.turn_index == 1
+    (done,) = s.claim(10, 60)
+    assert done.turn_id == a.turn_id and done.next_state == nxt
+    s.mark_dispatched([done.turn_id])
+    assert s.end_session("s1") == 1
+    (last,) = s.claim(10, 60)
+    assert last.turn_id == b.turn_id and last.last_in_session
+
+
+def test_claim_lease_redelivers_after_release(tmp_path):
+    s = SessionStore(tmp_path / "s.db")
+    s.record([_turn("s", last_in_session=True)], None)
+    (t,) = s.claim(10, 60)
+    assert s.claim(10, 60) == []  # leased
+    s.release([t.turn_id], retry_in_s=0)
+    assert [x.turn_id for x in s.claim(10, 60)] == [t.turn_id]
+
+
+def test_idle_sessions_are_flushed(tmp_path):
+    s = SessionStore(tmp_path / "s.db")
+    s.record([_turn("s")], None)
+    assert s.flush_idle(idle_s=0) == 1
+    (t,) = s.claim(1, 60)
+    assert t.last_in_session and t.next_state is None
+
+
+def _writer(path, n, ready):
+    s = SessionStore(path)
+    for i in range(n):
+        s.record([_turn(f"k{i}", last_in_session=True)], None)
+        ready.value = i + 1
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def test_acknowledged_turns_survive_kill(tmp_path):
+    path = tmp_path / "s.db"
+    ready = mp.Value("i", 0)
+    p = mp.get_context("fork").Process(target=_writer, args=(path, 20, ready))
+    p.start()
+    while ready.value < 20 and p.is_alive():
+        pass
+    os.kill(p.pid, signal.SIGKILL)
+    p.join()
+    assert len(SessionStore(path).claim(100, 60)) == 20
+
+
+def test_meta_headers_win_and_fields_are_stripped():
+    body = {"messages": [{"role": "user", "content": "hi"}], "session_id": "body-s", "turn_type": "side",
+            "clawray_eval": {"type": "multi_choice"}}
+    meta = extract_meta(body, {"x-session-id": "hdr-s", "x-user-id": "u1"}, "client")
+    assert meta.session_id == "hdr-s" and meta.turn_type.value == "side" and meta.tenant == "u1/default"
+    assert meta.eval_spec == {"type": "multi_choice"}
+    assert "session_id" not in body and "clawray_eval" not in body
+
+
+def test_bad_turn_type_refused():
+    import pytest
+
+    with pytest.raises(RequestError):
+        extract_meta({"messages": []}, {"x-turn-type": "bogus"}, "c")
+
+
+def test_derived_ids_do_not_merge_clients_or_conversations():
+    m1 = [{"role": "user", "content": "plan my day"}]
+    m2 = [{"role": "user", "content": "write a poem"}]
+    follow = m1 + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+    a = derive_session_id("t", "client-a", m1)
+    assert a == derive_session_id("t", "client-a", follow)  # same conversation continues
+    assert a != derive_session_id("t", "client-b", m1)  # another client
+    assert a != derive_session_id("t", "client-a", m2)  # another conversation
+
+
+def test_next_state_is_what_followed_the_last_assistant_message():
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+            {"role": "tool", "content": "r"}, {"role": "user", "content": "f"}]
+    assert next_state_of(msgs) == msgs[2:]
+    assert next_state_of(msgs[:1]) is None
