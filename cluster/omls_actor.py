@@ -1,0 +1,252 @@
+"""The named Ray actor `OMLS`: the idle-window state machine of `cluster/omls.py`, run and persisted.
+
+It ticks on its own asyncio loop every `SchedulerConfig.poll_s`, takes activity reports from every
+Proxy replica, and queues the actions the Controller pulls with `pending_actions()`. Its state lives in
+`<storage root>/control/omls.json` (atomic writes), so a restarted actor (`max_restarts=-1`) resumes
+in the state it had, with the same pending actions and last activity time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util import metrics
+
+from cluster.calendars import GoogleCalendarSignal, ICSCalendarSignal
+from cluster.omls import OMLS, STATE_CODES, Clock, State, Transition
+from cluster.signals import OSIdleSignal, ProxyInactivitySignal, Signal, SleepHoursSignal
+from core.config import SchedulerConfig
+from core.storage import StorageLayout, atomic_write_json, read_json
+
+logger = logging.getLogger(__name__)
+
+ACTOR_NAME = "OMLS"
+NAMESPACE = "clawray"
+STATE_FILE = "omls.json"
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def build_signals(cfg: SchedulerConfig, clock: Clock) -> list[Signal]:
+    """Turn the scheduler section into signals; a field left None disables its signal.
+
+    The Google Calendar fields are not in `SchedulerConfig` yet (proposed: `calendar_google_id`,
+    `calendar_google_credentials`, `calendar_refresh_s`, `calendar_timeout_s`); read when present.
+    """
+    signals: list[Signal] = []
+    if cfg.sleep_start is not None and cfg.sleep_end is not None:
+        signals.append(SleepHoursSignal(cfg.sleep_start, cfg.sleep_end, cfg.timezone))
+    if cfg.idle_minutes is not None:
+        signals.append(ProxyInactivitySignal(cfg.idle_minutes, clock))
+    if cfg.os_idle_minutes is not None:
+        signals.append(OSIdleSignal(cfg.os_idle_minutes))
+    refresh_s = getattr(cfg, "calendar_refresh_s", 300.0)
+    if cfg.calendar_ics:
+        timeout_s = getattr(cfg, "calendar_timeout_s", 10.0)
+        signals.append(
+            ICSCalendarSignal(cfg.calendar_ics, cfg.timezone, refresh_s=refresh_s, timeout_s=timeout_s)
+        )
+    google_id = getattr(cfg, "calendar_google_id", None)
+    if google_id:
+        creds = getattr(cfg, "calendar_google_credentials", None)
+        signals.append(GoogleCalendarSignal(google_id, creds, refresh_s=refresh_s))
+    return signals
+
+
+def _as_datetime(ts: float | datetime) -> datetime:
+    """Activity time from a Proxy: epoch seconds (time.time()) or an aware datetime."""
+    if isinstance(ts, datetime):
+        if ts.tzinfo is None:
+            raise ValueError("activity timestamps must be timezone-aware")
+        return ts
+    return datetime.fromtimestamp(float(ts), tz=UTC)
+
+
+class _Metrics:
+    """Window state and signal levels for the Ray dashboard (Prometheus)."""
+
+    def __init__(self) -> None:
+        self.state = metrics.Gauge(
+            "clawray_omls_window_state",
+            description="OMLS state: 0 idle_wait, 1 window_open, 2 updating, 3 pausing.",
+        )
+        self.signal_idle = metrics.Gauge(
+            "clawray_omls_signal_idle", description="1 while the signal reports idle.", tag_keys=("signal",)
+        )
+        self.transitions = metrics.Counter(
+            "clawray_omls_transitions", description="OMLS state transitions.", tag_keys=("src", "dst")
+        )
+
+    def observe(self, machine: OMLS, transitions: list[Transition]) -> None:
+        self.state.set(STATE_CODES[machine.state])
+        for signal in machine.signals:
+            self.signal_idle.set(
+                1.0 if signal.name in machine.open_signals else 0.0, tags={"signal": signal.name}
+            )
+        for t in transitions:
+            self.transitions.inc(tags={"src": t.src.value, "dst": t.dst.value})
+
+
+class OMLSActor:
+    """Ray actor wrapper; create it with `start_omls` so it gets its name and restart policy.
+
+    Args:
+        cfg: the scheduler section.
+        storage_root: local or mounted path of the storage root.
+        clock: returns an aware datetime; real UTC time by default.
+    """
+
+    def __init__(self, cfg: SchedulerConfig, storage_root: str, clock: Clock | None = None) -> None:
+        self.cfg = cfg
+        self.path = StorageLayout(Path(storage_root)).control / STATE_FILE
+        clock = clock or utc_now
+        signals = build_signals(cfg, clock)
+        self.machine = OMLS(signals, clock, cfg.min_window_minutes)
+        self.inactivity = next((s for s in signals if isinstance(s, ProxyInactivitySignal)), None)
+        self.actions: list[dict[str, Any]] = []
+        self._activity_dirty = False
+        self.started_at = utc_now()  # per incarnation: tells a restarted actor from the old one
+        # Serialises machine mutations: ticks run in a worker thread (signals may block on a
+        # subprocess or an HTTP fetch) while events arrive on the actor's event loop.
+        self._lock = asyncio.Lock()
+        self._load()
+        self._metrics = _Metrics()
+        self._metrics.observe(self.machine, [])
+        # Ray runs an async actor's constructor on the actor's event loop, so the loop can start here.
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    # ------------------------------------------------------------------ persistence
+
+    def _load(self) -> None:
+        data = read_json(self.path)
+        if data is None:
+            return
+        try:
+            self.machine.load_dict(data["omls"])
+            self.actions = list(data.get("pending_actions", []))
+            last = data.get("last_activity")
+            if last and self.inactivity is not None:
+                # Assign, not report: the persisted time is older than this incarnation's start,
+                # and a restart must not reset the inactivity timer.
+                self.inactivity.last_activity = datetime.fromisoformat(last)
+        except (KeyError, TypeError, ValueError) as e:
+            # A state file we cannot read must not keep the scheduler down: start fresh, loudly.
+            logger.error("OMLS: ignoring unreadable %s: %s", self.path, e)
+            return
+        logger.info("OMLS restored state %s from %s", self.machine.state.value, self.path)
+
+    def _save(self) -> None:
+        last = self.inactivity.last_activity.isoformat() if self.inactivity else None
+        doc = {"omls": self.machine.to_dict(), "pending_actions": self.actions, "last_activity": last}
+        atomic_write_json(self.path, doc)
+        self._activity_dirty = False
+
+    def _apply(self, transitions: list[Transition]) -> list[dict[str, Any]]:
+        for t in transitions:
+            if t.action is not None:
+                self.actions.append(t.to_dict())
+        if transitions or self._activity_dirty:
+            self._save()
+        self._metrics.observe(self.machine, transitions)
+        return [t.to_dict() for t in transitions]
+
+    # ------------------------------------------------------------------ loop
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            # One bad tick (a signal bug, a full disk) must not stop the scheduler for good.
+            except Exception:  # noqa: BLE001
+                logger.exception("OMLS tick failed")
+            await asyncio.sleep(self.cfg.poll_s)
+
+    async def tick(self) -> list[dict[str, Any]]:
+        """Evaluate the signals now; returns the transitions taken as dicts."""
+        async with self._lock:
+            return self._apply(await asyncio.to_thread(self.machine.tick))
+
+    # ------------------------------------------------------------------ inputs
+
+    async def report_activity(self, ts: float | datetime) -> None:
+        """A Proxy replica saw a user request at `ts` (epoch seconds or aware datetime)."""
+        if self.inactivity is not None:
+            self.inactivity.report_activity(_as_datetime(ts))
+            self._activity_dirty = True  # persisted by the next tick, not per request
+
+    async def trigger_now(self) -> list[dict[str, Any]]:
+        """Manual "train now": opens a window until one training run has ended."""
+        async with self._lock:
+            return self._apply(await asyncio.to_thread(self.machine.trigger_now))
+
+    async def cancel_trigger(self) -> list[dict[str, Any]]:
+        async with self._lock:
+            return self._apply(await asyncio.to_thread(self.machine.cancel_trigger))
+
+    async def training_started(self) -> list[dict[str, Any]]:
+        async with self._lock:
+            return self._apply(self.machine.training_started())
+
+    async def training_stopped(self) -> list[dict[str, Any]]:
+        async with self._lock:
+            return self._apply(self.machine.training_stopped())
+
+    # ------------------------------------------------------------------ outputs
+
+    async def pending_actions(self) -> list[dict[str, Any]]:
+        """Return and clear the queued actions, oldest first (dicts from `Transition.to_dict`)."""
+        async with self._lock:
+            actions, self.actions = self.actions, []
+            if actions:
+                self._save()
+            return actions
+
+    async def state(self) -> dict[str, Any]:
+        """Status: state, since, open signals, next window, manual trigger, signal descriptions."""
+        async with self._lock:
+            status = await asyncio.to_thread(self.machine.status)
+        last = self.inactivity.last_activity.isoformat() if self.inactivity else None
+        return {
+            **status,
+            "last_activity": last,
+            "pending_actions": len(self.actions),
+            "actor_started_at": self.started_at.isoformat(),
+        }
+
+    async def ready(self) -> bool:
+        return True
+
+
+def start_omls(
+    cfg: SchedulerConfig,
+    storage_root: str | Path,
+    *,
+    name: str = ACTOR_NAME,
+    detached: bool = False,
+    clock: Clock | None = None,
+) -> ray.actor.ActorHandle:
+    """Create (or get, if it already runs) the named OMLS actor and wait until it answers.
+
+    `detached=True` keeps it alive after the creating driver exits (what `clawray start` wants).
+    """
+    actor_cls = ray.remote(OMLSActor)
+    handle = actor_cls.options(
+        name=name,
+        namespace=NAMESPACE,
+        get_if_exists=True,
+        lifetime="detached" if detached else None,
+        max_restarts=-1,  # the state file makes a restart lossless
+        num_cpus=0,  # mostly sleeps; must not hold a CPU that training could use
+    ).remote(cfg, str(storage_root), clock)
+    ray.get(handle.ready.remote())
+    return handle
+
+
+__all__ = ["ACTOR_NAME", "OMLSActor", "State", "build_signals", "start_omls", "utc_now"]
