@@ -122,6 +122,8 @@ class RewardsConfig(Section):
     temperature: float = Field(default=0.6, ge=0, le=2)
     use_next_state: bool = True
     judge_token_budget: int = Field(default=1024, ge=64)
+    judge_max_tokens: int = Field(default=256, ge=1)
+    workspace_root: str | None = None  # where file checks find workspaces (default: <storage>/workspaces)
     checkers: list[str] = Field(default_factory=list)  # names from rewards' registry
     pool_size: int = Field(default=1, ge=1)
     max_concurrency: int = Field(default=8, ge=1)  # per PRM actor

@@ -9,9 +9,9 @@ so a dead or slow scorer never blocks serving and never loses a turn.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
+import zlib
 from pathlib import Path
 from typing import Protocol
 
@@ -45,17 +45,21 @@ class JsonlTurnSink:
 
 
 class ActorPoolSink:
-    """Calls `score(turn)` on named actors (round robin); a turn counts as taken when that returns."""
+    """Calls `score(turn)` on named actors; a turn counts as taken when that returns.
+
+    A session always goes to the same actor (crc32 of its id): the rewards plane keeps per-session
+    state (the "at least one trainable sample per session" rule).
+    """
 
     def __init__(self, names: list[str], namespace: str = "clawray", timeout_s: float = 120.0):
         self.names, self.namespace, self.timeout_s = names, namespace, timeout_s
-        self._rr = itertools.cycle(range(len(names)))
 
     async def submit(self, turns: list[Turn]) -> None:
         import ray
 
         async def one(turn: Turn) -> None:
-            actor = ray.get_actor(self.names[next(self._rr)], namespace=self.namespace)
+            name = self.names[zlib.crc32(turn.session_id.encode()) % len(self.names)]
+            actor = ray.get_actor(name, namespace=self.namespace)
             await asyncio.wait_for(actor.score.remote(turn), self.timeout_s)
 
         await asyncio.gather(*(one(t) for t in turns))

@@ -1,0 +1,122 @@
+"""`PRM`: the process-reward-model Ray actor (async; pool members are named `PRM-0`, `PRM-1`, ...).
+
+A thin actor around `Scorer`: score a turn, append the sample to the replay sink, tell the evolver.
+
+Contract with the caller (the serving plane's durable turn outbox):
+- `await prm.score.remote(turn)` returns the stored Sample (or None for a side turn) only AFTER the
+  sample is durable in the sink. The outbox may then drop the turn.
+- It raises a `ScoringError` subclass with `retryable = True` (JudgeUnavailable, TeacherUnavailable,
+  SinkUnavailable) when the judge, the teacher or the sink failed: NOTHING was stored, and the outbox
+  must keep the turn and send it again later (e.g. after `rewards.retry_interval_s`). A dead or slow
+  judge therefore delays scoring but never loses a turn and never blocks serving.
+- A turn sent twice is stored once (`sample_id == turn_id`, sinks ignore duplicates).
+- ConfigError (not retryable) when the OPD teacher's tokenizer differs from the policy's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from core.config import RewardsConfig
+from core.contracts import Sample, Turn
+from rewards.errors import ScoringError, SinkUnavailable
+from rewards.scorer import DEFAULT_JUDGE_MAX_TOKENS, Scorer
+from rewards.sinks import NAMESPACE, SampleSink
+
+log = logging.getLogger(__name__)
+
+EVOLVER_LOOKUP_EVERY_S = 5.0  # how often an absent Evolver is looked up again
+
+
+class EvolverNotifier:
+    """Fire-and-forget `Evolver.observe.remote(turn, sample)`; never fails the caller."""
+
+    def __init__(self, name: str = "Evolver", namespace: str = NAMESPACE):
+        self.name = name
+        self.namespace = namespace
+        self._handle: Any = None
+        self._next_lookup = 0.0
+
+    def notify(self, turn: Turn, sample: Sample) -> bool:
+        import ray
+
+        if self._handle is None:
+            if time.monotonic() < self._next_lookup:
+                return False
+            try:
+                self._handle = ray.get_actor(self.name, namespace=self.namespace)
+            except ValueError:  # no Evolver running: skills-only evolution is optional
+                self._next_lookup = time.monotonic() + EVOLVER_LOOKUP_EVERY_S
+                return False
+        try:
+            self._handle.observe.remote(turn, sample)  # result deliberately not awaited
+            return True
+        except Exception as e:  # noqa: BLE001 - a dead/odd Evolver handle must never fail scoring
+            log.warning("evolver notify failed (%s); looking it up again later", type(e).__name__)
+            self._handle = None
+            return False
+
+
+class PRM:
+    """Ray actor class (see module docstring for the contract).
+
+    Args:
+        cfg: the rewards section.
+        sink_factory: called once inside the actor to build the sink (e.g. `ReplayActorSink`, or
+            `functools.partial(LocalSampleSink, path)`): sinks hold connections that do not pickle.
+        tokenizer_path: the policy's tokenizer folder (judge token budget; OPD tokenizer check).
+        workspace_root: where `file_check`-style checkers find the workspace files.
+        evolver_name: the named actor told about each scored turn.
+    """
+
+    def __init__(
+        self,
+        cfg: RewardsConfig,
+        sink_factory: Callable[[], SampleSink],
+        *,
+        tokenizer_path: str | None = None,
+        workspace_root: str | Path | None = None,
+        evolver_name: str = "Evolver",
+        namespace: str = NAMESPACE,
+        judge_max_tokens: int = DEFAULT_JUDGE_MAX_TOKENS,
+    ):
+        self.scorer = Scorer.from_config(
+            cfg, tokenizer_path=tokenizer_path, workspace_root=workspace_root, judge_max_tokens=judge_max_tokens
+        )
+        self.sink = sink_factory()
+        self.evolver = EvolverNotifier(evolver_name, namespace)
+        self.counts: Counter[str] = Counter()
+
+    async def ready(self) -> dict[str, Any]:
+        """Check what can be checked before traffic (the OPD teacher's tokenizer); the status."""
+        await self.scorer.check_teacher()
+        return await self.status()
+
+    async def score(self, turn: Turn) -> Sample | None:
+        """Score `turn`, store the sample durably, notify the evolver; see the module contract."""
+        try:
+            sample = await self.scorer.score(turn)
+            if sample is None:
+                self.counts["side"] += 1
+                return None
+            try:
+                await self.sink.append([sample])
+            except SinkUnavailable:
+                raise
+            except Exception as e:  # noqa: BLE001 - any sink failure must read as retryable to the outbox
+                raise SinkUnavailable(f"sink {type(self.sink).__name__} failed: {type(e).__name__}: {e}") from e
+        except ScoringError as e:
+            self.counts[f"error:{type(e).__name__}"] += 1
+            raise
+        self.counts["scored"] += 1
+        self.counts["trainable"] += int(sample.trainable)
+        self.evolver.notify(turn, sample)
+        return sample
+
+    async def status(self) -> dict[str, Any]:
+        return {"counts": dict(self.counts), "usage": self.scorer.usage()}

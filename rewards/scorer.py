@@ -1,0 +1,153 @@
+"""The scoring logic of one PRM, as a library class (no Ray): turn -> checker and/or judge -> Sample.
+
+`PRM` (rewards/prm.py) is the thin Ray actor around it; tests use it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from core.config import ConfigError, RewardsConfig
+from core.contracts import Sample, Turn, TurnType, Vote
+from core.llm import LLMClient, LLMError
+from rewards import opd
+from rewards.checkers import CheckerSpecError, CheckResult, evaluate
+from rewards.errors import JudgeUnavailable
+from rewards.judge import build_judge_messages
+from rewards.scoring import SessionRule, build_sample, make_vote
+from rewards.tokens import HFTokens, TokenCounter, WhitespaceTokens, load_tokens
+from rewards.votes import parse_score
+
+log = logging.getLogger(__name__)
+
+DEFAULT_JUDGE_MAX_TOKENS = 256
+
+
+class Scorer:
+    """Scores turns with the programmatic checkers and/or `cfg.votes` judge votes.
+
+    Args:
+        cfg: the rewards section.
+        judge / teacher: LLM clients (None = no judge / no OPD); `from_config` builds them.
+        tokens: counts judge-prompt tokens (ideally the judge's tokenizer; the policy's is used
+            when the judge is the policy's own deployment).
+        policy_tokens: the policy's tokenizer, required for OPD (to verify the teacher's).
+        workspace_root: where file checks look; None disables workspace checks.
+        judge_max_tokens: max tokens of one judge reply.
+    """
+
+    def __init__(
+        self,
+        cfg: RewardsConfig,
+        *,
+        judge: LLMClient | None = None,
+        teacher: LLMClient | None = None,
+        tokens: TokenCounter | None = None,
+        policy_tokens: HFTokens | None = None,
+        workspace_root: str | Path | None = None,
+        judge_max_tokens: int = DEFAULT_JUDGE_MAX_TOKENS,
+    ):
+        if teacher is not None and policy_tokens is None:
+            raise ConfigError(
+                "rewards.teacher is set but no policy tokenizer path was given: OPD needs it to "
+                "verify that the teacher uses the same tokenizer"
+            )
+        self.cfg = cfg
+        self.judge = judge
+        self.teacher = teacher
+        self.tokens = tokens or WhitespaceTokens()
+        self.policy_tokens = policy_tokens
+        self.workspace_root = Path(workspace_root) if workspace_root else None
+        self.judge_max_tokens = judge_max_tokens
+        self.rule = SessionRule(cfg.at_least_one_trainable_per_session)
+        self._teacher_checked = False
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: RewardsConfig,
+        *,
+        tokenizer_path: str | None = None,
+        workspace_root: str | Path | None = None,
+        judge_max_tokens: int = DEFAULT_JUDGE_MAX_TOKENS,
+    ) -> Scorer:
+        """Build clients from `cfg.judge`/`cfg.teacher`; `tokenizer_path` = the policy's tokenizer."""
+        tokens = load_tokens(tokenizer_path)
+        return cls(
+            cfg,
+            judge=LLMClient(cfg.judge) if cfg.judge else None,
+            teacher=LLMClient(cfg.teacher) if cfg.teacher else None,
+            tokens=tokens,
+            policy_tokens=tokens if isinstance(tokens, HFTokens) else None,
+            workspace_root=workspace_root,
+            judge_max_tokens=judge_max_tokens,
+        )
+
+    async def check_teacher(self) -> None:
+        """Verify the OPD teacher's tokenizer once (ConfigError on mismatch)."""
+        if self.teacher is None or self._teacher_checked:
+            return
+        assert self.policy_tokens is not None  # enforced in __init__
+        await opd.verify_same_tokenizer(self.teacher, self.policy_tokens.encode)
+        self._teacher_checked = True
+
+    async def score(self, turn: Turn) -> Sample | None:
+        """The scored sample for `turn` (None for side turns).
+
+        Raises:
+            JudgeUnavailable / TeacherUnavailable: retryable; nothing was decided for this turn.
+            ConfigError: the OPD teacher's tokenizer differs from the policy's.
+        """
+        if turn.turn_type == TurnType.side:
+            return None
+        check_task = asyncio.to_thread(self._check, turn)  # checkers block (files, subprocesses)
+        check, votes = await asyncio.gather(check_task, self._votes(turn))
+        if check is None and not votes and self.judge is None:
+            log.info("turn %s: no checker applies and no judge is configured; reward 0", turn.turn_id)
+        sample = build_sample(turn, check, votes, self.rule)
+        if sample is not None and self.teacher is not None and sample.trainable:
+            # Teacher logprobs only matter for tokens that are trained on.
+            await self.check_teacher()
+            sample.teacher_logprobs = await opd.teacher_logprobs(self.teacher, turn)
+        return sample
+
+    def _check(self, turn: Turn) -> CheckResult | None:
+        if not turn.eval_spec or not self.cfg.checkers:
+            return None
+        try:
+            return evaluate(turn.eval_spec, turn.response_text, self.workspace_root, allowed=self.cfg.checkers)
+        except CheckerSpecError as e:
+            # The spec's author's problem, not the model's: score as if no checker applied.
+            log.warning("turn %s: eval spec not usable: %s", turn.turn_id, e)
+            return None
+
+    async def _votes(self, turn: Turn) -> list[Vote]:
+        """`cfg.votes` independent judge replies, each parsed (unparseable -> score None)."""
+        if self.judge is None:
+            return []
+        messages = build_judge_messages(
+            turn, tokens=self.tokens, budget=self.cfg.judge_token_budget, use_next_state=self.cfg.use_next_state
+        )
+        calls = [
+            self.judge.chat(messages, temperature=self.cfg.temperature, max_tokens=self.judge_max_tokens)
+            for _ in range(self.cfg.votes)
+        ]
+        # return_exceptions: let every call finish (no orphaned requests) before deciding.
+        replies = await asyncio.gather(*calls, return_exceptions=True)
+        for r in replies:
+            if isinstance(r, LLMError):
+                raise JudgeUnavailable(f"judge vote failed: {r}") from None
+            if isinstance(r, BaseException):
+                raise r
+        texts = [r[0] if r else "" for r in replies]  # type: ignore[index]
+        return [make_vote(t, parse_score(t)) for t in texts]
+
+    def usage(self) -> dict[str, dict[str, int]]:
+        out = {}
+        if self.judge is not None:
+            out["judge"] = self.judge.usage.as_dict()
+        if self.teacher is not None:
+            out["teacher"] = self.teacher.usage.as_dict()
+        return out
