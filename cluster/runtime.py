@@ -17,6 +17,9 @@ def runtime_env_vars(cfg: ClawrayConfig) -> dict[str, str]:
         "TOKENIZERS_PARALLELISM": "false",
         "RAY_TRAIN_V2_ENABLED": "1",
         "VLLM_CACHE_ROOT": str(cfg.cache_path() / "vllm"),
+        # The head listens beyond loopback: Ray's token auth (token in ~/.ray/auth_token) on both the
+        # head and every client that connects to it.
+        "RAY_AUTH_MODE": "token",
     }
 
 

@@ -200,6 +200,7 @@ class RayConfig(Section):
     namespace: str = "clawray"
     num_cpus: int | None = None  # logical CPUs for a local cluster (may exceed cores)
     include_dashboard: bool = False
+    head_port: int = Field(default=6390, ge=1024, le=65535)  # GCS port of the head `clawray start` runs
 
 
 class ClawrayConfig(Section):

@@ -20,6 +20,7 @@ from core.config import EngineConfig, ModelConfig
 from core.contracts import parse_adapter_name
 from core.storage import StorageLayout, atomic_write_json, read_json
 from serve.adapters import AdapterRegistry
+from serve.metrics import EngineMetrics
 from serve.protocol import EngineRequestError, Reply
 
 log = logging.getLogger("clawray.engine")
@@ -41,6 +42,7 @@ class PolicyEngineImpl:
         self._lock = asyncio.Lock()  # serialises load/activate/unload
         self._pointer_mtime = 0.0
         self._reconciler: asyncio.Task | None = None
+        self.metrics: EngineMetrics | None = None  # set by the deployment (needs a Ray worker)
 
     async def start(self) -> None:
         await self.vllm.start()
@@ -53,9 +55,13 @@ class PolicyEngineImpl:
         name = self.reg.resolve(body.get("model"))
         body["model"] = name or self.model_cfg.served_name
         self.reg.begin(name)
+        if self.metrics is not None:
+            self.metrics.begin()
         return name
 
     async def _done(self, name: str | None) -> None:
+        if self.metrics is not None:
+            self.metrics.end()
         for victim in self.reg.end(name):
             await self._remove(victim)
 
@@ -105,19 +111,26 @@ class PolicyEngineImpl:
 
     # ---- versioned LoRA -------------------------------------------------------------------------
 
-    def _path(self, name: str) -> Path:
-        parse_adapter_name(name)
+    def _path(self, name: str, given: str | None) -> Path:
+        """The version's folder under `adapters/`; never an arbitrary path from a caller."""
+        try:
+            parse_adapter_name(name)
+        except ValueError as e:
+            raise EngineRequestError(400, str(e)) from None
         path = self.layout.adapters / name
+        if given is not None and Path(given).resolve() != path.resolve():
+            raise EngineRequestError(400, f"adapter {name!r} must be loaded from the storage root's "
+                                          "adapters folder")
         if not (path / "adapter_config.json").is_file():
             raise EngineRequestError(404, f"adapter {name!r} is not published under the storage root")
         return path
 
-    async def load_adapter(self, name: str) -> dict[str, Any]:
-        """Load a published version by name (its folder under `adapters/`). Idempotent."""
-        try:
-            path = self._path(name)
-        except ValueError as e:
-            raise EngineRequestError(400, str(e)) from None
+    async def load_adapter(self, name: str, path: str | None = None) -> dict[str, Any]:
+        """Load a published version by name (its folder under `adapters/`). Idempotent.
+
+        `path` (what the trainer passes) must be that same folder; it is checked, not trusted.
+        """
+        path = self._path(name, path)
         async with self._lock:
             if name not in self.reg.loaded or name in self.reg.retiring:
                 await self.vllm.add_lora(name, str(path))
@@ -138,8 +151,11 @@ class PolicyEngineImpl:
             for victim in self.reg.over_retention():
                 if self.reg.retire(victim):
                     await self._remove(victim)
+            snap = self.reg.snapshot()
+        if self.metrics is not None:
+            self.metrics.adapters(name, len(snap["loaded"]))
         log.info("active adapter: %s", name or "<base>")
-        return self.reg.snapshot()
+        return snap
 
     async def publish(self, name: str) -> dict[str, Any]:
         """Load and activate a freshly published version (what the trainer calls)."""
@@ -194,6 +210,7 @@ class PolicyEngine(PolicyEngineImpl):
 
     async def __init__(self, model_path: str, model: dict, engine: dict, storage_root: str):
         PolicyEngineImpl.__init__(self, model_path, model, engine, storage_root)
+        self.metrics = EngineMetrics("vllm")
         await self.start()
 
     async def check_health(self) -> None:

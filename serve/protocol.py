@@ -1,9 +1,15 @@
-"""Types that cross the Proxy <-> PolicyEngine boundary (no vLLM, no Ray imports)."""
+"""Types that cross the Proxy <-> engine boundary (no vLLM, no Ray imports).
+
+Two engine deployments implement `Engine`: `PolicyEngine` (vLLM in-process, serve/engine.py) and
+`UpstreamEngine` (any external OpenAI-compatible API, serve/upstream.py). The Proxy only calls these
+methods through a deployment handle, so either engine (or a fake one in benchmarks) can stand behind it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from serve.capture import Capture
 
@@ -28,3 +34,31 @@ class Reply:
     body: dict[str, Any]
     capture: Capture
     messages: list[dict[str, Any]]  # the conversation the engine rendered, OpenAI format
+
+
+class Engine(Protocol):
+    """What the Proxy calls on the engine deployment. Streams yield SSE strings, then one final `Reply`
+    (body empty). Request errors raise `EngineRequestError` before the first item."""
+
+    async def chat(self, body: dict[str, Any]) -> Reply: ...
+
+    def chat_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]: ...
+
+    async def messages(self, body: dict[str, Any]) -> Reply: ...
+
+    def messages_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]: ...
+
+    async def count_tokens(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def models(self) -> dict[str, Any]:
+        """{"base", "alias", "active", "loaded", "max_model_len"}."""
+
+    async def load_adapter(self, name: str, path: str | None = None) -> dict[str, Any]: ...
+
+    async def activate(self, name: str | None) -> dict[str, Any]: ...
+
+    async def publish(self, name: str) -> dict[str, Any]: ...
+
+    async def unload(self, name: str) -> dict[str, Any]: ...
+
+    async def adapters(self) -> dict[str, Any]: ...

@@ -22,6 +22,7 @@ from ray import serve
 
 from core.config import ProxyConfig, SkillsConfig
 from core.storage import StorageLayout
+from serve.activity import ActivityReporter
 from serve.http import (
     anthropic_error,
     client_fingerprint,
@@ -48,6 +49,11 @@ from serve.turns import (
 log = logging.getLogger("clawray.proxy")
 app = FastAPI(title="clawray proxy", version="0.1.0")
 TERMINAL = ("data: [DONE]", "event: message_stop")
+PROXY_REPLICA_ENV = {
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+    "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000",
+}
 
 
 class ProxyImpl:
@@ -63,6 +69,7 @@ class ProxyImpl:
         # Keys are read here, from the env vars the config names, so they never travel as arguments.
         self.api_key = os.environ.get(self.cfg.api_key_env) if self.cfg.api_key_env else None
         self.admin_key = os.environ.get(self.cfg.admin_key_env) or None
+        self.activity = ActivityReporter()
         self._started = False
 
     def _ensure_started(self) -> None:
@@ -86,12 +93,14 @@ class ProxyImpl:
 
     # ---- generation -------------------------------------------------------------------------------
 
-    def _prepare(self, body: dict[str, Any], request: Request, anthropic: bool) -> tuple[TurnMeta, list, int]:
+    async def _prepare(self, body: dict[str, Any], request: Request, anthropic: bool) -> tuple[TurnMeta, list, int]:
         meta = extract_meta(body, {k.lower(): v for k, v in request.headers.items()},
                             client_fingerprint(request))
         skills, generation = [], 0
+        if meta.turn_type.value == "main":
+            self.activity.note()
         if self.injector is not None and meta.turn_type.value == "main":
-            skills, generation = self.injector.inject(body, anthropic)
+            skills, generation = await self.injector.inject(body, anthropic)
         return meta, skills, generation
 
     async def _record(self, reply: Reply, meta: TurnMeta, skills: list[str], generation: int,
@@ -111,7 +120,7 @@ class ProxyImpl:
             self._auth(request)
             body = await read_json_body(request, self.cfg.max_body_bytes)
             require_messages(body)
-            meta, skills, generation = self._prepare(body, request, anthropic)
+            meta, skills, generation = await self._prepare(body, request, anthropic)
             if body.get("stream"):
                 return await self._stream(body, meta, skills, generation, anthropic)
             method = self.engine.messages if anthropic else self.engine.chat

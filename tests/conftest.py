@@ -65,20 +65,25 @@ def test_config(storage_root):
     env["CLAWRAY__STORAGE_ROOT"] = str(storage_root)
     env["CLAWRAY__PROXY__PORT"] = str(_free_port())
     env["CLAWRAY__PROXY__SESSION_IDLE_TIMEOUT_S"] = "3600"
+    # No automatic windows during tests (the clock may be in sleep hours): tests trigger OMLS by hand.
+    env["CLAWRAY__SCHEDULER__SLEEP_START"] = ""
+    env["CLAWRAY__SCHEDULER__SLEEP_END"] = ""
+    env["CLAWRAY__SCHEDULER__IDLE_MINUTES"] = ""
+    env["CLAWRAY__SCHEDULER__POLL_S"] = "1"
     return load_config(REPO / "configs" / "local.yaml", env=env)
 
 
 @pytest.fixture(scope="session")
 def serve_app(ray_cluster, test_config):
-    """The real clawray Serve app (Proxy -> PolicyEngine with vLLM on CPU), once per test session."""
+    """The whole clawray system, once per test session: the Serve app (Proxy -> PolicyEngine with real
+    vLLM on CPU) plus the Replay, PRM, Evolver, OMLS and Controller actors, wired as in production."""
     from ray import serve
 
-    from cluster.serve_app import APP_NAME, build_app
+    from cluster.serve_app import APP_NAME
+    from cluster.system import start_system
 
-    serve.start(http_options={"host": "127.0.0.1", "port": test_config.proxy.port})
-    serve.run(build_app(test_config), name=APP_NAME, route_prefix="/")
-    base = f"http://127.0.0.1:{test_config.proxy.port}"
-    yield {"base_url": base, "config": test_config}
+    system = start_system(test_config)
+    yield {"base_url": system.base_url, "config": test_config, "handles": system.handles}
     serve.delete(APP_NAME)
 
 

@@ -1,0 +1,198 @@
+"""Skill retrieval latency at 100 / 1,000 / 10,000 skills, both modes, and the cost of adding a skill.
+
+    python -m benchmarks.retrieval [--sizes 100,1000,10000] [--queries 300] [--synthetic-vectors]
+
+Skills are generated synthetically (seeded): pseudo-word descriptions mixed with task keywords, ~30%
+general. Embedding mode encodes every skill with the real all-MiniLM-L6-v2 (offline package) unless
+`--synthetic-vectors` (random unit vectors: same scoring cost, no model time). Query encoding is timed
+separately from retrieval. The add-one-skill timing uses a SkillBank on a temporary folder holding the
+largest size, with and without embedding near-duplicate checks. Prints a table, writes
+benchmarks/out/retrieval.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from core.config import SkillsConfig
+from core.contracts import Skill
+from evolve.bank import SkillBank
+from evolve.embedding import EmbeddingCache, SentenceEmbedder
+from evolve.retrieval import EmbeddingRetriever, SkillSearch, TemplateRetriever
+from evolve.skill_md import render_skill_md
+from evolve.text import TASK_KEYWORDS
+
+OUT = Path(__file__).resolve().parent / "out" / "retrieval.json"
+CATEGORIES = ["general", *TASK_KEYWORDS]
+
+
+class RandomEmbedder:
+    """Seeded random unit vectors (384-d): the scoring cost of the real model without its encode time."""
+
+    dim = 384
+
+    def __init__(self, seed: int = 0):
+        self.rng = np.random.default_rng(seed)
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        v = self.rng.standard_normal((len(texts), self.dim)).astype(np.float32)
+        return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def vocabulary(rng: np.random.Generator, n: int = 3000) -> list[str]:
+    syl = ["ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "ze", "qua", "bri", "dan", "fel", "gor", "hul"]
+    words = {"".join(rng.choice(syl, size=rng.integers(2, 4))) for _ in range(n * 2)}
+    return sorted(words)[:n]
+
+
+def synthetic_skills(n: int, seed: int = 0, prefix: str = "syn") -> list[Skill]:
+    rng = np.random.default_rng(seed)
+    vocab = vocabulary(rng)
+    out = []
+    for i in range(n):
+        cat = CATEGORIES[0] if rng.random() < 0.3 else str(rng.choice(CATEGORIES[1:]))
+        kws = list(TASK_KEYWORDS.get(cat, ("always", "check")))
+        words = [*rng.choice(vocab, size=10), *rng.choice(kws, size=2)]
+        rng.shuffle(words)
+        desc = " ".join(words).capitalize() + "."
+        body = "# Steps\n" + "\n".join(f"- {' '.join(rng.choice(vocab, size=8))}" for _ in range(4))
+        tag = re.sub(r"[^a-z0-9]+", "-", words[0].lower())[:12].strip("-")
+        out.append(Skill(name=f"{prefix}-{i:05d}-{tag}".strip("-"), description=desc, category=cat, body=body))
+    return out
+
+
+def synthetic_queries(n: int, seed: int = 1) -> list[str]:
+    rng = np.random.default_rng(seed)
+    vocab = vocabulary(np.random.default_rng(0))
+    cats = list(TASK_KEYWORDS)
+    return [" ".join([*rng.choice(vocab, size=6), *rng.choice(TASK_KEYWORDS[str(rng.choice(cats))], size=2)])
+            for _ in range(n)]
+
+
+def pct(samples_s: list[float]) -> dict[str, float]:
+    ms = np.array(samples_s) * 1e3
+    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
+            "mean_ms": float(ms.mean()), "n": len(ms)}
+
+
+def timed(fn, args_list) -> list[float]:
+    out = []
+    for a in args_list:
+        t0 = time.perf_counter()
+        fn(*a)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def bench_size(n: int, queries: list[str], qvecs: np.ndarray, cache: EmbeddingCache) -> dict[str, Any]:
+    skills = synthetic_skills(n)
+    res: dict[str, Any] = {"skills": n}
+    tr = TemplateRetriever()
+    t0 = time.perf_counter()
+    tr.build(skills)
+    res["template_build_s"] = time.perf_counter() - t0
+    timed(tr.retrieve, [(q, 6, 3) for q in queries[:20]])  # warm-up
+    res["template"] = pct(timed(tr.retrieve, [(q, 6, 3) for q in queries]))
+    er = EmbeddingRetriever(cache)
+    t0 = time.perf_counter()
+    er.build(skills)  # encodes every skill once (cached across sizes: same synthetic prefix)
+    res["embedding_build_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    er.build(skills)
+    res["embedding_rebuild_cached_s"] = time.perf_counter() - t0
+    timed(er.retrieve_vector, [(v, 6, 3) for v in qvecs[:20]])
+    res["embedding"] = pct(timed(er.retrieve_vector, [(v, 6, 3) for v in qvecs]))
+    return res
+
+
+def bench_add(n: int, cache: EmbeddingCache, reps: int = 20) -> dict[str, Any]:
+    """Time to add one skill (and to reload / refresh readers) with `n` skills on disk."""
+    skills = synthetic_skills(n)
+    res: dict[str, Any] = {"skills": n}
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        for s in skills:  # setup only: plain writes, the bank's own writes are timed below
+            (root / s.name).mkdir()
+            (root / s.name / "SKILL.md").write_text(render_skill_md(s))
+        t0 = time.perf_counter()
+        cfg = SkillsConfig(max_skill_bytes=64 * 1024)
+        plain = SkillBank(root, cfg)
+        res["open_full_scan_s"] = time.perf_counter() - t0
+        new = synthetic_skills(2 * reps, seed=7, prefix="new")
+        res["add_one_name_dedup"] = pct(timed(plain.add, [(s,) for s in new[:reps]]))
+        emb = SkillBank(root, cfg, cache)
+        emb.add(new[reps])  # first call builds the (N, D) dedup matrix from the cache
+        res["add_one_embedding_dedup"] = pct(timed(emb.add, [(s,) for s in new[reps + 1:]]))
+        reader = SkillBank(root, cfg)
+        res["reload_unchanged"] = pct(timed(reader.reload, [() for _ in range(200)]))
+        plain.add(synthetic_skills(1, seed=9, prefix="late")[0])
+        t0 = time.perf_counter()
+        reader.reload()
+        res["reload_after_one_add_s"] = time.perf_counter() - t0
+        search = SkillSearch(reader, SkillsConfig(retrieval="template", refresh_s=0.001))
+        plain.add(synthetic_skills(1, seed=11, prefix="later")[0])
+        time.sleep(0.002)
+        t0 = time.perf_counter()
+        search.refresh()
+        res["template_refresh_after_one_add_s"] = time.perf_counter() - t0
+    return res
+
+
+def table(results: dict[str, Any]) -> Table:
+    t = Table(title="skill retrieval (ms; query encoding excluded from embedding rows)")
+    for col in ("skills", "template p50", "template p99", "embedding p50", "embedding p99",
+                "template build s", "embed build s (encode)", "embed rebuild s (cached)"):
+        t.add_column(col, justify="right")
+    for r in results["sizes"]:
+        t.add_row(str(r["skills"]), f"{r['template']['p50_ms']:.3f}", f"{r['template']['p99_ms']:.3f}",
+                  f"{r['embedding']['p50_ms']:.3f}", f"{r['embedding']['p99_ms']:.3f}",
+                  f"{r['template_build_s']:.3f}", f"{r['embedding_build_s']:.2f}",
+                  f"{r['embedding_rebuild_cached_s']:.3f}")
+    return t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="100,1000,10000")
+    ap.add_argument("--queries", type=int, default=300)
+    ap.add_argument("--synthetic-vectors", action="store_true", help="random vectors instead of the model")
+    args = ap.parse_args()
+    sizes = [int(x) for x in args.sizes.split(",")]
+    embedder = RandomEmbedder() if args.synthetic_vectors else SentenceEmbedder()
+    cache = EmbeddingCache(embedder)
+    queries = synthetic_queries(args.queries)
+    enc = timed(lambda q: cache.encode_query(q), [(q,) for q in queries[:60]])
+    qvecs = np.stack([cache.encode_query(q) for q in queries])
+    results: dict[str, Any] = {
+        "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()},
+        "embedder": "random-384" if args.synthetic_vectors else "all-MiniLM-L6-v2 (cpu)",
+        "query_encoding": pct(enc[5:]),
+        "sizes": [bench_size(n, queries, qvecs, cache) for n in sizes],
+    }
+    results["add"] = bench_add(max(sizes), cache)
+    console = Console()
+    console.print(table(results))
+    qe, add = results["query_encoding"], results["add"]
+    console.print(f"query encoding: p50 {qe['p50_ms']:.2f} ms, p99 {qe['p99_ms']:.2f} ms")
+    console.print(f"add one skill at {add['skills']}: p50 {add['add_one_name_dedup']['p50_ms']:.2f} ms "
+                  f"(name dedup), {add['add_one_embedding_dedup']['p50_ms']:.2f} ms (+ embedding dedup); "
+                  f"reload unchanged p50 {add['reload_unchanged']['p50_ms']:.3f} ms; reload after one add "
+                  f"{add['reload_after_one_add_s'] * 1e3:.2f} ms; open (full scan) {add['open_full_scan_s']:.2f} s")
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(results, indent=2))
+    console.print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()

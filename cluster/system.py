@@ -1,0 +1,92 @@
+"""The composition root: wires every plane into one running system from the validated config.
+
+Order matters only for readiness: the sinks exist before their producers (Replay ← PRM ← Proxy outbox;
+Evolver ← PRM), the control plane last. Every actor has its DESIGN.md name in namespace `clawray`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from core.config import ClawrayConfig
+from core.storage import StorageLayout
+
+log = logging.getLogger("clawray.system")
+ACTOR_NAMES = ("Replay", "Evolver", "OMLS", "Controller")
+
+
+@dataclass
+class System:
+    cfg: ClawrayConfig
+    base_url: str
+    handles: dict[str, Any]
+
+
+def start_system(cfg: ClawrayConfig, *, detached: bool = False, serve_app: bool = True,
+                 progress=None) -> System:
+    """Start (or join) Ray and bring up Replay, PRM pool, Evolver, OMLS, Controller and the Serve app."""
+    from cluster.controller import start_controller
+    from cluster.omls_actor import start_omls
+    from cluster.runtime import deploy_serving, start_ray
+    from evolve.actor import get_or_create_evolver
+    from rewards.pool import prm_name, start_prm_pool
+    from rewards.sinks import ReplayActorSink
+    from train.replay import get_or_create_replay
+
+    def step(msg: str) -> None:
+        if progress is not None:
+            progress(msg)
+        log.info(msg)
+
+    layout = StorageLayout(cfg.storage_path()).ensure()
+    step("starting Ray")
+    start_ray(cfg)
+    handles: dict[str, Any] = {}
+    step("Replay actor (SQLite replay buffer)")
+    handles["Replay"] = get_or_create_replay(cfg.replay, layout, detached=detached)
+    ray.get(handles["Replay"].stats.remote())
+    step("Evolver actor (skill library)")
+    handles["Evolver"] = get_or_create_evolver(layout.skills, cfg.skills, cfg.evolver, detached=detached)
+    # The replay buffer follows the skill library's generation from the start (support/query split).
+    ray.get(handles["Replay"].set_generation.remote(ray.get(handles["Evolver"].generation.remote())))
+    step(f"PRM pool ({cfg.rewards.pool_size} actor(s))")
+    workspaces = cfg.rewards.workspace_root or str(layout.root / "workspaces")
+    prms = start_prm_pool(cfg.rewards, functools.partial(ReplayActorSink), detached=detached,
+                          tokenizer_path=cfg.model_path(), workspace_root=workspaces,
+                          judge_max_tokens=cfg.rewards.judge_max_tokens)
+    handles.update({prm_name(i): h for i, h in enumerate(prms)})
+    step("OMLS scheduler")
+    handles["OMLS"] = start_omls(cfg.scheduler, layout.root, detached=detached)
+    step(f"Controller (mode {cfg.scheduler.mode})")
+    handles["Controller"] = start_controller(cfg, detached=detached)
+    base_url = ""
+    if serve_app:
+        step("Serve app: Proxy -> PolicyEngine (vLLM)")
+        base_url = deploy_serving(cfg, sink_actors=[prm_name(i) for i in range(len(prms))])
+    return System(cfg, base_url, handles)
+
+
+def stop_system(cfg: ClawrayConfig | None = None) -> None:
+    """Delete the Serve app and the named actors (detached ones too), then leave Ray."""
+    from ray import serve
+
+    if not ray.is_initialized():
+        return
+    try:
+        serve.shutdown()
+    except Exception as e:  # noqa: BLE001 - nothing to shut down is fine
+        log.info("serve shutdown: %s", e)
+    names = list(ACTOR_NAMES) + [f"PRM-{i}" for i in range(cfg.rewards.pool_size if cfg else 8)]
+    for name in names:
+        try:
+            ray.kill(ray.get_actor(name, namespace="clawray"), no_restart=True)
+        except ValueError:
+            pass
+    time.sleep(0.5)
+    ray.shutdown()

@@ -1,0 +1,134 @@
+"""`Evolver`: the named Ray actor of the fast loop (thin wrapper around `EvolutionLoop`).
+
+Name `Evolver`, namespace `clawray`. The PRM (or whoever scores turns) calls `observe(turn, sample)`
+for every scored main turn; the actor buffers, triggers evolutions, writes the SkillBank, and tells the
+`Replay` actor (if there is one) which samples were the support set and the new skill generation.
+It is an async actor, so `stats()` and further `observe` calls are served while an LLM evolver waits.
+
+Metrics (`ray.util.metrics`, Prometheus via the Ray metrics agent): counters
+`clawray_evolutions_triggered`, `clawray_evolutions_accepted`, `clawray_evolutions_rejected`,
+`clawray_skills_accepted`, `clawray_skills_rejected`; gauges `clawray_skills`, `clawray_skill_generation`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.metrics import Counter, Gauge
+
+from core.config import EvolverConfig, SkillsConfig
+from core.contracts import Sample, Turn
+from evolve.bank import SkillBank
+from evolve.embedding import SentenceEmbedder
+from evolve.evolvers import make_evolver
+from evolve.loop import EvolutionLoop, EvolutionReport
+
+log = logging.getLogger(__name__)
+
+NAME = "Evolver"
+NAMESPACE = "clawray"
+REPLAY_NAME = "Replay"
+REPLAY_TIMEOUT_S = 10.0
+
+
+class RayReplayLink:
+    """Tells the `Replay` actor about support samples and generations; absent or failing -> logged."""
+
+    def __init__(self, name: str = REPLAY_NAME, namespace: str = NAMESPACE):
+        self.name, self.namespace = name, namespace
+        self.errors = 0
+
+    async def _call(self, method: str, arg: Any) -> None:
+        try:
+            handle = ray.get_actor(self.name, namespace=self.namespace)
+        except ValueError:  # no Replay actor (skills-only deployments, tests): nothing to tell
+            log.info("no %s actor; %s skipped", self.name, method)
+            return
+        try:
+            await asyncio.wait_for(getattr(handle, method).remote(arg), timeout=REPLAY_TIMEOUT_S)
+        except (ray.exceptions.RayError, TimeoutError) as e:
+            self.errors += 1
+            log.warning("%s.%s failed: %s", self.name, method, e)
+
+    async def mark_support(self, sample_ids: list[str]) -> None:
+        if sample_ids:
+            await self._call("mark_support", list(sample_ids))
+
+    async def set_generation(self, generation: int) -> None:
+        await self._call("set_generation", int(generation))
+
+
+@ray.remote(num_cpus=0.1, max_restarts=-1)
+class Evolver:
+    """Args: skills_root (the storage root's skills/ folder), the two config sections, whether to load
+    the embedding model for near-duplicate refusal (default: when retrieval is `embedding`), and the
+    name of the replay actor to notify."""
+
+    def __init__(self, skills_root: str, skills_cfg: SkillsConfig, evolver_cfg: EvolverConfig,
+                 dedup_embeddings: bool | None = None, replay_name: str = REPLAY_NAME):
+        logging.basicConfig(level=logging.INFO)
+        use_emb = skills_cfg.retrieval == "embedding" if dedup_embeddings is None else dedup_embeddings
+        embedder = SentenceEmbedder(skills_cfg.embedding_model) if use_emb else None
+        self._bank = SkillBank(Path(skills_root), skills_cfg, embedder)
+        self._replay = RayReplayLink(replay_name)
+        self._loop = EvolutionLoop(self._bank, evolver_cfg, make_evolver(evolver_cfg), self._replay)
+        self._counters = {k: Counter(f"clawray_{k}", description=f"fast loop: {k.replace('_', ' ')}")
+                          for k in ("evolutions_triggered", "evolutions_accepted", "evolutions_rejected",
+                                    "skills_accepted", "skills_rejected")}
+        self._gauges = {"skills": Gauge("clawray_skills", description="skills in the library"),
+                        "generation": Gauge("clawray_skill_generation", description="skill generation")}
+        self._exported = {k: 0 for k in self._counters}
+        self._export()
+
+    async def observe(self, turn: Turn, sample: Sample) -> dict[str, Any] | None:
+        """Buffer one scored turn; returns the evolution report when it triggered one."""
+        return self._done(await self._loop.observe(turn, sample))
+
+    async def observe_many(self, pairs: list[tuple[Turn, Sample]]) -> list[dict[str, Any]]:
+        """`observe` for several turns in order; returns the reports of the evolutions triggered."""
+        reports = [await self._loop.observe(t, s) for t, s in pairs]
+        return [r for r in (self._done(x) for x in reports) if r is not None]
+
+    async def evolve_now(self, session_id: str | None = None) -> dict[str, Any] | None:
+        """Evolve from the buffered failures of `session_id` (or all sessions) now."""
+        return self._done(await self._loop.evolve_now(session_id))
+
+    def stats(self) -> dict[str, Any]:
+        return {**self._loop.stats(), "replay_errors": self._replay.errors}
+
+    def generation(self) -> int:
+        return self._bank.generation
+
+    def _done(self, report: EvolutionReport | None) -> dict[str, Any] | None:
+        self._export()
+        return report.as_dict() if report is not None else None
+
+    def _export(self) -> None:
+        counters = self._loop.counters
+        for key, metric in self._counters.items():
+            delta = counters[key] - self._exported[key]
+            if delta > 0:
+                metric.inc(delta)
+                self._exported[key] = counters[key]
+        self._gauges["skills"].set(len(self._bank))
+        self._gauges["generation"].set(self._bank.generation)
+
+
+def get_or_create_evolver(skills_root: Path, skills_cfg: SkillsConfig, evolver_cfg: EvolverConfig, *,
+                          detached: bool = False, dedup_embeddings: bool | None = None,
+                          name: str = NAME, replay_name: str = REPLAY_NAME):
+    """The `Evolver` actor handle, created if it does not exist yet (the composition root calls this)."""
+    opts: dict[str, Any] = {"name": name, "namespace": NAMESPACE, "get_if_exists": True}
+    if detached:
+        opts["lifetime"] = "detached"
+    return Evolver.options(**opts).remote(str(skills_root), skills_cfg, evolver_cfg, dedup_embeddings,
+                                          replay_name)
+
+
+def get_evolver():
+    """The running `Evolver` actor (raises ValueError if there is none)."""
+    return ray.get_actor(NAME, namespace=NAMESPACE)

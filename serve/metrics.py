@@ -1,0 +1,74 @@
+"""Serving-plane metrics through `ray.util.metrics` (Ray's metrics agent exports them to Prometheus and
+the dashboard). Names: `clawray_proxy_*` (ingress) and `clawray_engine_*` (engine deployment).
+
+Cheap on the hot path: metric objects are built once per replica; one request costs a counter increment
+and a histogram observation (each a buffered call into Ray's core worker, no I/O).
+"""
+
+from __future__ import annotations
+
+from core.contracts import parse_adapter_name
+
+LATENCY_BOUNDARIES_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]
+
+
+class ProxyMetrics:
+    """Requests by route and status, end-to-end latency by route, tokens and captured turns."""
+
+    def __init__(self) -> None:
+        from ray.util.metrics import Counter, Histogram
+
+        self.requests = Counter("clawray_proxy_requests_total", "Proxy requests by route and HTTP status.",
+                                tag_keys=("route", "status"))
+        self.latency = Histogram("clawray_proxy_latency_seconds",
+                                 "Proxy request latency (until the reply or the end of the stream).",
+                                 boundaries=LATENCY_BOUNDARIES_S, tag_keys=("route",))
+        self.tokens = Counter("clawray_proxy_tokens_total", "Tokens of captured turns (prompt, completion).",
+                              tag_keys=("kind",))
+        self.turns = Counter("clawray_proxy_turns_total", "Captured turns by type (main, side).",
+                             tag_keys=("turn_type",))
+
+    def request(self, route: str, status: int, seconds: float) -> None:
+        self.requests.inc(1, {"route": route, "status": str(status)})
+        self.latency.observe(seconds, {"route": route})
+
+    def captured(self, turn_type: str, prompt_tokens: int, completion_tokens: int) -> None:
+        self.turns.inc(1, {"turn_type": turn_type})
+        if prompt_tokens:
+            self.tokens.inc(prompt_tokens, {"kind": "prompt"})
+        if completion_tokens:
+            self.tokens.inc(completion_tokens, {"kind": "completion"})
+
+
+class EngineMetrics:
+    """Active adapter version (0 = base model), requests in flight, loaded adapters, swaps."""
+
+    def __init__(self, backend: str) -> None:
+        from ray.util.metrics import Counter, Gauge
+
+        tags = {"backend": backend}
+        self.active = Gauge("clawray_engine_active_adapter_version",
+                            "Version number of the active LoRA adapter (0 = base model).",
+                            tag_keys=("backend",)).set_default_tags(tags)
+        self.inflight = Gauge("clawray_engine_inflight_requests", "Requests being generated.",
+                              tag_keys=("backend",)).set_default_tags(tags)
+        self.loaded = Gauge("clawray_engine_loaded_adapters", "LoRA adapter versions loaded.",
+                            tag_keys=("backend",)).set_default_tags(tags)
+        self.swaps = Counter("clawray_engine_adapter_activations_total", "Adapter activations.",
+                             tag_keys=("backend",)).set_default_tags(tags)
+        self._inflight = 0
+        self.active.set(0)
+        self.inflight.set(0)
+
+    def begin(self) -> None:
+        self._inflight += 1
+        self.inflight.set(self._inflight)
+
+    def end(self) -> None:
+        self._inflight -= 1
+        self.inflight.set(self._inflight)
+
+    def adapters(self, active: str | None, loaded: int) -> None:
+        self.active.set(parse_adapter_name(active) if active else 0)
+        self.loaded.set(loaded)
+        self.swaps.inc()

@@ -1,0 +1,1 @@
+"""The slow loop: durable generation-filtered replay, GRPO on Ray Train, adapter publishing."""

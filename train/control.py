@@ -1,0 +1,74 @@
+"""`TrainControl`: a tiny named actor per training run holding its stop flag and progress.
+
+The control plane (or `TrainJob.request_stop`) sets the flag; rank 0 of the training loop polls it at
+every step boundary and the workers stop together after the step in flight has been checkpointed,
+published and committed. Progress (the last step's metrics) is pushed here so `status()` can be read
+without touching Ray Train internals. Name: `TrainControl-<run_name>`, namespace `clawray`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ray
+
+NAMESPACE = "clawray"
+
+
+def control_name(run_name: str) -> str:
+    return f"TrainControl-{run_name}"
+
+
+@ray.remote(num_cpus=0, max_restarts=-1)
+class TrainControl:
+    def __init__(self) -> None:
+        self._stop = False
+        self._steps: list[dict[str, Any]] = []
+        self._state = "idle"
+        self._since = time.time()
+
+    def reset(self) -> None:
+        """Called when a run (re)starts: a stop asked of a previous window must not stop this one."""
+        self._stop, self._steps, self._state, self._since = False, [], "running", time.time()
+
+    def request_stop(self) -> None:
+        self._stop = True
+
+    def should_stop(self) -> bool:
+        return self._stop
+
+    def record_step(self, metrics: dict[str, Any]) -> None:
+        self._steps.append(metrics)
+
+    def set_state(self, state: str) -> None:
+        self._state, self._since = state, time.time()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "state": "stopping" if self._stop and self._state == "running" else self._state,
+            "since": self._since,
+            "steps": len(self._steps),
+            "last": self._steps[-1] if self._steps else None,
+        }
+
+    def steps(self) -> list[dict[str, Any]]:
+        return list(self._steps)
+
+
+_HANDLES: dict[str, Any] = {}
+
+
+def get_control(run_name: str):
+    """Get or create the run's control actor. Not detached: it lives as long as the process that started
+    the run (a driver, or the Controller actor) keeps the handle cached here.
+
+    NOTE: the cache matters: a non-detached actor dies when its last handle goes away, and a later
+    `get_if_exists` could otherwise pick up the dying actor of a previous window.
+    """
+    key = f"{ray.get_runtime_context().get_job_id()}/{run_name}"  # handles die with their Ray session
+    handle = _HANDLES.get(key)
+    if handle is None:
+        handle = TrainControl.options(name=control_name(run_name), namespace=NAMESPACE, get_if_exists=True).remote()
+        _HANDLES[key] = handle
+    return handle

@@ -1,0 +1,161 @@
+"""The Ray Train (V2) worker loop of the GRPO job: `train_loop_per_worker(config)`.
+
+Per step, as timed phases:
+  lease    rank 0 leases a batch from the `Replay` actor (current generation only) and broadcasts it
+  step     every worker trains on its shard (train.step), gradients all-reduced by DDP / DeepSpeed
+  ckpt     `ray.train.report(metrics, checkpoint=...)`: adapter + optimizer state + step + lease id
+  publish  rank 0 writes `adapters/policy-vNNNN/` atomically and asks serving to load + activate it
+  commit   rank 0 commits the lease: only now are the samples `trained`
+
+Resume: `ray.train.get_checkpoint()` restores weights, optimizer and step. The checkpoint names the lease
+it was trained on; rank 0 commits that lease (its samples are in the restored weights, so they must not
+be trained again) and releases every other lease the run still holds (they were not checkpointed, so
+they must be trained again). Thus a crash anywhere neither re-trains committed samples nor skips any.
+
+Stop: at each step boundary rank 0 stops when the run's `TrainControl` flag is set, when fewer than
+`min(min_fresh_samples, batch_size)` fresh samples remain, or after `max_steps` steps of this run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+import ray.train
+import ray.train.torch
+import torch
+import torch.distributed as dist
+
+from core.config import TrainConfig
+from core.contracts import Sample
+from core.storage import StorageLayout, atomic_write_json, read_json
+from train.control import NAMESPACE, control_name
+from train.model import build_peft_model, make_backend
+from train.publish import notify_serving, publish_adapter
+from train.replay import NAME as REPLAY_NAME
+from train.step import train_step
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "state.json"
+
+
+def step_log_path(storage: StorageLayout, run_name: str) -> Path:
+    """JSON lines, one per trained step of the run (sample ids, lease, adapter, metrics)."""
+    return storage.checkpoints / f"{run_name}.steps.jsonl"
+
+
+def _broadcast(obj: Any, world: int) -> Any:
+    if world == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class _Rank0:
+    """What only rank 0 does: lease/commit through the `Replay` actor, poll the stop flag, log steps."""
+
+    def __init__(self, cfg: TrainConfig, config: dict[str, Any]) -> None:
+        self.cfg, self.run_name = cfg, config["run_name"]
+        self.lease_s = float(config["lease_s"])
+        self.replay = ray.get_actor(REPLAY_NAME, namespace=NAMESPACE)
+        self.control = ray.get_actor(control_name(self.run_name), namespace=NAMESPACE)
+        self.storage = StorageLayout(Path(config["storage_root"]))
+        self.log_path = step_log_path(self.storage, self.run_name)
+
+    def recover(self, state: dict[str, Any]) -> None:
+        if state.get("lease_id"):
+            n = ray.get(self.replay.commit.remote(state["lease_id"]))
+            log.info("resume: committed %d samples of checkpointed lease %s", n, state["lease_id"])
+        freed = ray.get(self.replay.release_owner.remote(self.run_name))
+        log.info("resume: released %d samples of unfinished leases", freed)
+
+    def next_batch(self) -> tuple[str, list[Sample]] | str:
+        """(lease_id, samples), or the reason to stop."""
+        if ray.get(self.control.should_stop.remote()):
+            return "stop_requested"
+        min_size = min(self.cfg.min_fresh_samples, self.cfg.batch_size)
+        lease_id, samples = ray.get(
+            self.replay.lease.remote(self.cfg.batch_size, self.lease_s, self.run_name, min_size)
+        )
+        return (lease_id, samples) if samples else "no_fresh_samples"
+
+    def finish_step(self, backend, state: dict[str, Any], samples: list[Sample], metrics: dict) -> dict:
+        """Publish, hot-swap, commit, log. Runs after the step's checkpoint is persisted."""
+        t0 = time.perf_counter()
+        generation = max(s.skill_generation for s in samples)
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+        name, path = publish_adapter(
+            backend.peft_model, self.storage.adapters, base_model=state["base_model"],
+            lora=self.cfg.lora, step=state["step"], skill_generation=generation, metrics=scalars,
+        )
+        swapped = notify_serving(name, path) if state["notify_serving"] else False
+        committed = ray.get(self.replay.commit.remote(state["lease_id"]))
+        record = {
+            **metrics, "adapter": name, "hot_swapped": swapped, "committed": committed,
+            "generation": generation, "publish_s": time.perf_counter() - t0, "time": time.time(),
+        }
+        with open(self.log_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        self.control.record_step.remote(record)
+        return record
+
+
+def _restore(backend, state: dict[str, Any]) -> None:
+    ckpt = ray.train.get_checkpoint()
+    if ckpt is None:
+        return
+    with ckpt.as_directory() as d:
+        backend.load(Path(d))
+        saved = read_json(Path(d) / STATE_FILE, {})
+    state.update(step=saved.get("step", 0), lease_id=saved.get("lease_id"))
+    log.info("resumed from checkpoint at step %d", state["step"])
+
+
+def _checkpoint_and_report(backend, state: dict[str, Any], metrics: dict, rank: int) -> None:
+    """Every worker calls report (it is a barrier); checkpoint files come from the backend."""
+    with tempfile.TemporaryDirectory(prefix="clawray-ckpt-") as tmp:
+        d = Path(tmp)
+        wrote = backend.save(d, rank)
+        if rank == 0:
+            atomic_write_json(d / STATE_FILE, {"step": state["step"], "lease_id": state["lease_id"]})
+        ckpt = ray.train.Checkpoint.from_directory(tmp) if wrote else None
+        ray.train.report(metrics, checkpoint=ckpt)
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """Ray Train worker entry point. `config` keys: train (TrainConfig dump), model_path, storage_root,
+    run_name, max_steps, lease_s, notify_serving."""
+    logging.basicConfig(level=logging.INFO)
+    cfg = TrainConfig.model_validate(config["train"])
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = ray.train.torch.get_device()
+    torch.manual_seed(cfg.seed)
+    backend = make_backend(build_peft_model(config["model_path"], cfg, device), cfg, device, world)
+    state: dict[str, Any] = {
+        "step": 0, "lease_id": None, "base_model": config["model_path"],
+        "notify_serving": config.get("notify_serving", True),
+    }
+    _restore(backend, state)
+    rank0 = _Rank0(cfg, config) if rank == 0 else None
+    if rank0:
+        rank0.recover(state)
+    for _ in range(int(config["max_steps"])):
+        got = _broadcast(rank0.next_batch() if rank0 else None, world)
+        if isinstance(got, str):
+            log.info("stopping at step %d: %s", state["step"], got)
+            break
+        lease_id, samples = got
+        metrics = train_step(backend, samples, cfg, rank=rank, world=world, device=device)
+        state.update(step=state["step"] + 1, lease_id=lease_id)
+        metrics.update(step=state["step"], lease_id=lease_id, sample_ids=[s.sample_id for s in samples])
+        _checkpoint_and_report(backend, state, metrics, rank)
+        if rank0:
+            rank0.finish_step(backend, state, samples, metrics)

@@ -1,0 +1,223 @@
+"""Starting the GRPO job: `run_training` (blocking), `TrainJob` (background, stoppable), and a CLI.
+
+Ray Train V2: in Ray 2.60 `ray.train` picks V1 or V2 when it is first imported, from the env var
+`RAY_TRAIN_V2_ENABLED` (default on in 2.60). We set it to 1 here before importing `ray.train` and refuse
+to run on V1 (a process that imported `ray.train` with the variable at 0 keeps V1). Ray propagates the
+variable from the driver to the Train controller and workers when it is set explicitly, so the whole
+job runs V2; a cluster started with `RAY_TRAIN_V2_ENABLED=0` in its env must be restarted without it.
+
+    python -m train.job --config configs/local.yaml --steps 4 [--run-name grpo]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")  # before any `import ray.train` in this process
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import threading  # noqa: E402
+from dataclasses import asdict, dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import ray  # noqa: E402
+
+from core.config import TrainConfig  # noqa: E402
+from core.storage import StorageLayout  # noqa: E402
+from train.control import NAMESPACE, get_control  # noqa: E402
+from train.grpo import step_log_path, train_loop_per_worker  # noqa: E402
+from train.replay import NAME as REPLAY_NAME  # noqa: E402
+
+log = logging.getLogger(__name__)
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class TrainResult:
+    run_name: str
+    steps: list[dict[str, Any]]  # this invocation's step records (sample_ids, adapter, metrics)
+    checkpoint: str | None  # latest checkpoint folder of the run
+    stop_reason: str
+    error: str | None = None
+    adapters: list[str] = field(default_factory=list)
+
+    @property
+    def trained_sample_ids(self) -> list[str]:
+        return [sid for s in self.steps for sid in s["sample_ids"]]
+
+
+def _require_v2() -> None:
+    from ray.train.v2._internal.constants import is_v2_enabled
+
+    if not is_v2_enabled():
+        raise RuntimeError(
+            "Ray Train V2 is off (RAY_TRAIN_V2_ENABLED=0 when ray.train was imported); "
+            "clawray's GRPO job needs V2: unset it or set it to 1 and restart the process"
+        )
+
+
+def build_trainer(cfg: TrainConfig, *, model_path: str, storage: StorageLayout, max_steps: int,
+                  run_name: str, lease_s: float = 600.0, notify_serving: bool = True,
+                  max_failures: int = 2):
+    """A `TorchTrainer` for the GRPO loop (fixed or elastic workers from `cfg.num_workers`)."""
+    _require_v2()
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    workers = cfg.num_workers if isinstance(cfg.num_workers, int) else tuple(cfg.num_workers)
+    scaling = ScalingConfig(
+        num_workers=workers, use_gpu=cfg.use_gpu, resources_per_worker={"CPU": cfg.cpus_per_worker}
+    )
+    run = RunConfig(
+        name=run_name,
+        storage_path=str(storage.checkpoints),
+        failure_config=FailureConfig(max_failures=max_failures),
+        checkpoint_config=CheckpointConfig(num_to_keep=2),  # resume needs only the latest
+    )
+    loop_config = {
+        "train": cfg.model_dump(mode="json"), "model_path": model_path, "storage_root": str(storage.root),
+        "run_name": run_name, "max_steps": max_steps, "lease_s": lease_s, "notify_serving": notify_serving,
+    }
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=loop_config,
+        scaling_config=scaling,
+        run_config=run,
+        torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
+    )
+
+
+def _read_steps(path: Path, since: int) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [json.loads(x) for x in lines[since:] if x.strip()]
+
+
+def run_training(cfg: TrainConfig, *, model_path: str, storage: StorageLayout, max_steps: int | None = None,
+                 run_name: str = "grpo", lease_s: float = 600.0, notify_serving: bool = True,
+                 control=None) -> TrainResult:
+    """Train until stopped, out of fresh samples, or `max_steps` (default `cfg.max_steps_per_window`).
+
+    Needs `ray.init` done and the `Replay` actor running. Re-running with the same `run_name` and
+    storage resumes from the run's latest checkpoint.
+    """
+    storage.ensure()
+    try:  # fail fast here: inside the trainer a missing actor would be retried as a worker failure
+        ray.get_actor(REPLAY_NAME, namespace=NAMESPACE)
+    except ValueError as e:
+        raise RuntimeError(
+            f"no {REPLAY_NAME!r} actor in namespace {NAMESPACE!r}: start it first "
+            "(train.replay.get_or_create_replay)"
+        ) from e
+    if control is None:  # TrainJob passes its own, already reset when it started
+        control = get_control(run_name)
+        ray.get(control.reset.remote())
+    log_path = step_log_path(storage, run_name)
+    seen = len(_read_steps(log_path, 0))
+    steps = max_steps if max_steps is not None else cfg.max_steps_per_window
+    trainer = build_trainer(cfg, model_path=model_path, storage=storage, max_steps=steps,
+                            run_name=run_name, lease_s=lease_s, notify_serving=notify_serving)
+    error = None
+    try:
+        result = trainer.fit()
+        checkpoint = result.checkpoint.path if result.checkpoint else None
+    except Exception as e:  # noqa: BLE001 - any training failure is reported to the caller as data
+        error, checkpoint = f"{type(e).__name__}: {e}", None
+    done = _read_steps(log_path, seen)
+    stopped = ray.get(control.should_stop.remote())
+    reason = "error" if error else "stop_requested" if stopped else "max_steps" if len(done) >= steps else "no_fresh_samples"
+    ray.get(control.set_state.remote("failed" if error else "finished"))
+    return TrainResult(run_name=run_name, steps=done, checkpoint=checkpoint, stop_reason=reason,
+                       error=error, adapters=[s["adapter"] for s in done])
+
+
+class TrainJob:
+    """A training window run in a background thread; usable from the Controller actor.
+
+    `start()` returns at once; `request_stop()` makes the job stop at the next step boundary;
+    `status()` is cheap; `wait()` returns the `TrainResult`.
+    """
+
+    def __init__(self, cfg: TrainConfig, *, model_path: str, storage: StorageLayout,
+                 run_name: str = "grpo", max_steps: int | None = None, lease_s: float = 600.0,
+                 notify_serving: bool = True) -> None:
+        self._kwargs = dict(model_path=model_path, storage=storage, max_steps=max_steps, run_name=run_name,
+                            lease_s=lease_s, notify_serving=notify_serving)
+        self._cfg, self.run_name = cfg, run_name
+        self._thread: threading.Thread | None = None
+        self._result: TrainResult | None = None
+        self._control = None
+
+    def start(self) -> None:
+        if self.running:
+            raise RuntimeError(f"training run {self.run_name!r} is already running")
+        self._result = None
+        self._control = get_control(self.run_name)
+        ray.get(self._control.reset.remote())  # before the thread: a stop requested now must count
+        self._thread = threading.Thread(target=self._run, name=f"train-{self.run_name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        self._result = run_training(self._cfg, control=self._control, **self._kwargs)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def request_stop(self) -> None:
+        if self._control is not None:
+            ray.get(self._control.request_stop.remote())
+
+    def status(self) -> dict[str, Any]:
+        if self._control is None:
+            return {"state": "idle", "steps": 0, "last": None}
+        st = ray.get(self._control.status.remote())
+        if self._result is not None:
+            st.update(stop_reason=self._result.stop_reason, error=self._result.error)
+        return st
+
+    def wait(self, timeout: float | None = None) -> TrainResult | None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self._result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: train up to --steps steps on the Replay buffer of the configured storage root."""
+    from core.config import load_config
+    from train.replay import get_or_create_replay
+
+    p = argparse.ArgumentParser(prog="python -m train.job", description=__doc__.splitlines()[0])
+    p.add_argument("--config", default=None, help="config YAML (default $CLAWRAY_CONFIG or configs/local.yaml)")
+    p.add_argument("--steps", type=int, default=None, help="max steps (default train.max_steps_per_window)")
+    p.add_argument("--run-name", default="grpo", help="Ray Train run name; the same name resumes")
+    p.add_argument("--no-serve", action="store_true", help="publish adapters without telling serving")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    cfg = load_config(args.config)
+    local = cfg.ray.address is None  # config: None = start a local cluster (never join a stray one)
+    ray.init(
+        address="local" if local else cfg.ray.address, namespace=cfg.ray.namespace,
+        num_cpus=cfg.ray.num_cpus if local else None,
+        include_dashboard=cfg.ray.include_dashboard,
+        runtime_env={"env_vars": {"PYTHONPATH": str(REPO_ROOT)}},  # workers import core/ and train/
+    )
+    storage = StorageLayout(cfg.storage_path()).ensure()
+    replay = get_or_create_replay(cfg.replay, storage)  # keep the handle: the actor lives while it is held
+    ray.get(replay.stats.remote())
+    result = run_training(
+        cfg.train, model_path=cfg.model_path(), storage=storage, max_steps=args.steps,
+        run_name=args.run_name, lease_s=cfg.replay.lease_timeout_s, notify_serving=not args.no_serve,
+    )
+    summary = asdict(result)
+    summary["steps"] = [{k: v for k, v in s.items() if k != "sample_ids"} for s in result.steps]
+    print(json.dumps(summary, indent=2, default=str))
+    return 1 if result.error else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,111 @@
+"""Publishing a trained LoRA version (`adapters/policy-vNNNN/`) and telling serving to hot-swap it.
+
+A version folder appears atomically: peft's `save_pretrained` and `manifest.json` are written into a
+hidden temp folder beside it, fsynced, then renamed into place, so the serving plane never sees a
+half-written adapter. Every version gets a new name (DESIGN.md "Adapter": vLLM and Ray Serve LLM cache
+adapters by name).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from core.config import LoRAConfig
+from core.contracts import AdapterManifest, adapter_name, parse_adapter_name
+from core.storage import atomic_write_json
+
+log = logging.getLogger(__name__)
+
+SERVE_APP = "clawray"
+ENGINE_DEPLOYMENT = "PolicyEngine"
+
+
+def latest_version(adapters_dir: Path) -> int:
+    """Highest published version under `adapters_dir` (0 when none)."""
+    best = 0
+    if adapters_dir.is_dir():
+        for p in adapters_dir.iterdir():
+            try:
+                best = max(best, parse_adapter_name(p.name))
+            except ValueError:
+                continue  # temp folders and foreign files are not versions
+    return best
+
+
+def _fsync_tree(root: Path) -> None:
+    for p in root.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+
+
+def publish_adapter(
+    peft_model,
+    adapters_dir: Path,
+    *,
+    base_model: str,
+    lora: LoRAConfig,
+    step: int,
+    skill_generation: int,
+    metrics: dict[str, float],
+) -> tuple[str, Path]:
+    """Save `peft_model`'s adapter as the next version. Returns (name, folder).
+
+    Single writer (rank 0 of the one training run); if a folder of the chosen name appears anyway the
+    rename fails and the next number is tried, so a version is never overwritten.
+    """
+    adapters_dir.mkdir(parents=True, exist_ok=True)
+    tmp = adapters_dir / f".tmp-{uuid.uuid4().hex}"
+    try:
+        peft_model.save_pretrained(str(tmp))
+        for _ in range(100):
+            version = latest_version(adapters_dir) + 1
+            name = adapter_name(version)
+            manifest = AdapterManifest(
+                name=name, version=version, base_model=base_model, rank=lora.rank, alpha=lora.alpha,
+                target_modules=list(lora.target_modules), step=step, skill_generation=skill_generation,
+                metrics={k: float(v) for k, v in metrics.items()},
+            )
+            atomic_write_json(tmp / "manifest.json", manifest.model_dump(mode="json"))
+            _fsync_tree(tmp)
+            final = adapters_dir / name
+            try:
+                os.rename(tmp, final)  # atomic; refuses an existing non-empty folder
+            except OSError:
+                if final.exists():
+                    continue
+                raise
+            return name, final
+        raise RuntimeError(f"could not find a free adapter version under {adapters_dir}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def notify_serving(name: str, path: Path, timeout_s: float = 120.0) -> bool:
+    """Ask the `PolicyEngine` deployment of the `clawray` Serve app to load and activate `name`.
+
+    Returns False (with a log line) when no Serve app is running: offline training just publishes.
+    Errors from a running engine are logged and reported as False; the published adapter stays on disk
+    and serving can load it later, so a serving hiccup never fails a training step.
+    """
+    import ray
+    from ray import serve
+    from ray.serve.exceptions import RayServeException
+
+    try:
+        handle = serve.get_deployment_handle(ENGINE_DEPLOYMENT, app_name=SERVE_APP)
+    except (RayServeException, KeyError) as e:
+        log.info("no Serve app %r/%s (%s): published %s without hot-swap", SERVE_APP, ENGINE_DEPLOYMENT, e, name)
+        return False
+    try:
+        handle.load_adapter.remote(name, str(path)).result(timeout_s=timeout_s)
+        handle.activate.remote(name).result(timeout_s=timeout_s)
+    except (ray.exceptions.RayError, RayServeException, TimeoutError) as e:
+        log.error("serving did not take adapter %s: %s", name, e)
+        return False
+    log.info("serving activated adapter %s", name)
+    return True

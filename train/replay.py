@@ -1,0 +1,120 @@
+"""`Replay`: the named Ray actor that owns the replay store (thin wrapper around `ReplayStore`).
+
+Name `Replay`, namespace `clawray`, restarted forever (`max_restarts=-1`): the store is durable, so a
+restarted actor reopens the same SQLite file and loses nothing that was acknowledged. Calls are retried
+after a restart: `append` is idempotent (sample ids), a retried `lease` at worst leaves one orphan lease
+that expires and is re-delivered.
+
+Also exports gauges through `ray.util.metrics` (Prometheus via the Ray metrics agent):
+`clawray_replay_samples{state}`, `clawray_replay_samples_by_generation{state,generation}` (current one),
+`clawray_replay_stale_retired`, `clawray_replay_generation`, `clawray_replay_oldest_fresh_age_s`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.metrics import Gauge
+
+from core.config import ReplayConfig
+from core.contracts import Sample
+from core.storage import StorageLayout
+from train.replay_store import STATES, ReplayStore
+
+NAME = "Replay"
+NAMESPACE = "clawray"
+DB_FILE = "replay.sqlite"
+EXPORT_EVERY_S = 5.0  # stats() walks an index: throttle the gauges instead of updating per call
+
+
+@ray.remote(num_cpus=0.1, max_restarts=-1, max_task_retries=3)
+class Replay:
+    def __init__(self, cfg: ReplayConfig, root: str) -> None:
+        self._store = ReplayStore(Path(root) / DB_FILE, default_lease_s=cfg.lease_timeout_s)
+        self._gauges = {
+            "samples": Gauge("clawray_replay_samples", "replay samples by state", tag_keys=("state",)),
+            "current": Gauge(
+                "clawray_replay_samples_current_generation",
+                "replay samples of the current skill generation by state", tag_keys=("state",),
+            ),
+            "stale": Gauge("clawray_replay_stale_retired", "samples retired by a skill generation bump"),
+            "generation": Gauge("clawray_replay_generation", "current skill generation"),
+            "age": Gauge("clawray_replay_oldest_fresh_age_s", "age of the oldest trainable sample"),
+        }
+        self._exported = 0.0
+        self._export(force=True)
+
+    def _export(self, force: bool = False) -> dict[str, Any] | None:
+        if not force and time.monotonic() - self._exported < EXPORT_EVERY_S:
+            return None
+        self._exported = time.monotonic()
+        st = self._store.stats()
+        current = st["by_generation"].get(str(st["generation"]), {})
+        for state in STATES:
+            self._gauges["samples"].set(st["by_state"].get(state, 0), tags={"state": state})
+            self._gauges["current"].set(current.get(state, 0), tags={"state": state})
+        self._gauges["stale"].set(st["by_state"]["retired"])
+        self._gauges["generation"].set(st["generation"])
+        self._gauges["age"].set(st["oldest_fresh_age_s"] or 0.0)
+        return st
+
+    def append(self, samples: list[Sample]) -> int:
+        """Durably store samples; returns how many were new. Returns only after the commit."""
+        n = self._store.append(samples)
+        self._export()
+        return n
+
+    def set_generation(self, generation: int) -> int:
+        n = self._store.set_generation(generation)
+        self._export(force=True)
+        return n
+
+    def mark_support(self, ids: list[str]) -> int:
+        return self._store.mark_support(ids)
+
+    def lease(
+        self, batch_size: int, lease_s: float | None = None, owner: str | None = None, min_size: int = 1
+    ) -> tuple[str | None, list[Sample]]:
+        out = self._store.lease(batch_size, lease_s, owner=owner, min_size=min_size)
+        self._export()
+        return out
+
+    def commit(self, lease_id: str) -> int:
+        n = self._store.commit(lease_id)
+        self._export()
+        return n
+
+    def release(self, lease_id: str) -> int:
+        return self._store.release(lease_id)
+
+    def release_owner(self, owner: str) -> int:
+        return self._store.release_owner(owner)
+
+    def release_expired(self) -> int:
+        return self._store.release_expired()
+
+    def states(self, sample_ids: list[str]) -> dict[str, str]:
+        return self._store.states(sample_ids)
+
+    def stats(self) -> dict[str, Any]:
+        return self._export(force=True)
+
+
+def get_or_create_replay(cfg: ReplayConfig, storage: StorageLayout, *, detached: bool = False):
+    """The `Replay` actor handle, created under `storage.replay` if it does not exist yet.
+
+    `detached=True` lets it outlive the creating process (a CLI that wires a long-lived cluster).
+    """
+    storage.replay.mkdir(parents=True, exist_ok=True)
+    opts: dict[str, Any] = {"name": NAME, "namespace": NAMESPACE, "get_if_exists": True}
+    if detached:
+        opts["lifetime"] = "detached"
+    return Replay.options(**opts).remote(cfg, str(storage.replay))
+
+
+def get_replay():
+    """The running `Replay` actor (raises ValueError if there is none)."""
+    return ray.get_actor(NAME, namespace=NAMESPACE)
