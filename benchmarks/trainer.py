@@ -238,7 +238,7 @@ def _report(rows: list[dict[str, Any]]) -> None:
         t.add_row(r["shape"], r["impl"], f"{r['step_s_min'] * 1e3:.1f}", f"{r['step_s_median'] * 1e3:.1f}",
                   f"{r['tokens_per_s']:,.0f}",
                   f"{r['speedup_vs_trl']:.2f}", f"{r['peak_rss_mb']:.0f}", f"{r['step_rss_growth_mb']:.1f}")
-    Console().print(t)
+    Console(width=120).print(t)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps({"rows": rows, "time": time.time()}, indent=2))
 

@@ -31,7 +31,8 @@ def start_ray(cfg: ClawrayConfig):
         os.environ.setdefault(k, v)  # inherited by local workers; RAY_TRAIN_V2 must precede imports
     if not ray.is_initialized():
         ray.init(
-            address=cfg.ray.address,
+            # "local": always a new cluster of our own, never an unrelated `ray start` on this machine.
+            address=cfg.ray.address or "local",
             num_cpus=cfg.ray.num_cpus if cfg.ray.address is None else None,
             namespace=cfg.ray.namespace,
             include_dashboard=cfg.ray.include_dashboard,

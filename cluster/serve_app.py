@@ -1,5 +1,8 @@
 """Builds the Serve application (`Proxy` -> `PolicyEngine`) from the validated config.
 
+The engine deployment is `PolicyEngine` (vLLM in-process) for `engine.backend: vllm` and
+`UpstreamEngine` (an external OpenAI-compatible API, deployed under the same name) for `upstream`.
+
 `serve run configs/serve.yaml` imports `cluster.serve_app:build` with `args: {config: ...}`.
 """
 
@@ -31,20 +34,30 @@ def check_serving_config(cfg: ClawrayConfig, env: dict[str, str] | None = None) 
                 f"proxy.host is {cfg.proxy.host!r} (not loopback): set an API key in the env var named "
                 f"by proxy.api_key_env ({cfg.proxy.api_key_env!r}) or bind to 127.0.0.1"
             )
+    up = cfg.engine.upstream
+    if cfg.engine.backend == "upstream" and up is not None:
+        if not up.base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"engine.upstream.base_url must be an http(s) URL, got {up.base_url!r}")
+        if up.api_key_env and not env.get(up.api_key_env):
+            raise ConfigError(f"engine.upstream.api_key_env names {up.api_key_env!r}, which is not set")
     if cfg.engine.backend == "vllm" and cfg.model.path == "tiny":
         from scripts.make_tiny_model import make
 
         make(cfg.cache_path() / "tiny-chat")
 
 
-def build_app(cfg: ClawrayConfig, sink_actors: list[str] | None = None):
-    """The bound Serve application for `cfg` (validated first)."""
-    from serve.engine import PolicyEngine
-    from serve.proxy import Proxy
-
-    check_serving_config(cfg)
+def build_engine(cfg: ClawrayConfig):
+    """The bound engine deployment for `cfg.engine.backend`."""
     storage = str(cfg.storage_path())
-    engine = PolicyEngine.options(
+    if cfg.engine.backend == "upstream":
+        from serve.upstream import UpstreamEngine
+
+        return UpstreamEngine.options(
+            num_replicas=cfg.engine.num_replicas, ray_actor_options={"num_cpus": cfg.engine.num_cpus},
+        ).bind(cfg.model.model_dump(), cfg.engine.model_dump())
+    from serve.engine import PolicyEngine
+
+    return PolicyEngine.options(
         num_replicas=cfg.engine.num_replicas,
         ray_actor_options={
             "num_cpus": cfg.engine.num_cpus,
@@ -52,10 +65,24 @@ def build_app(cfg: ClawrayConfig, sink_actors: list[str] | None = None):
             "runtime_env": {"env_vars": engine_env(cfg)},
         },
     ).bind(cfg.model_path(), cfg.model.model_dump(), cfg.engine.model_dump(), storage)
+
+
+def build_proxy(cfg: ClawrayConfig, engine: Any, sink_actors: list[str] | None = None):
+    """The bound `Proxy` in front of `engine` (a bound deployment or a handle to a running one)."""
+    from serve.proxy import PROXY_REPLICA_ENV, Proxy
+
     return Proxy.options(
         num_replicas=cfg.proxy.num_replicas,
-        ray_actor_options={"num_cpus": cfg.proxy.num_cpus},
-    ).bind(engine, cfg.proxy.model_dump(), cfg.skills.model_dump(), storage, sink_actors)
+        max_ongoing_requests=cfg.proxy.max_concurrent_requests,
+        ray_actor_options={"num_cpus": cfg.proxy.num_cpus,
+                           "runtime_env": {"env_vars": dict(PROXY_REPLICA_ENV)}},
+    ).bind(engine, cfg.proxy.model_dump(), cfg.skills.model_dump(), str(cfg.storage_path()), sink_actors)
+
+
+def build_app(cfg: ClawrayConfig, sink_actors: list[str] | None = None):
+    """The bound Serve application for `cfg` (validated first)."""
+    check_serving_config(cfg)
+    return build_proxy(cfg, build_engine(cfg), sink_actors)
 
 
 def build(args: dict[str, Any]):

@@ -1,7 +1,7 @@
 """The composition root: wires every plane into one running system from the validated config.
 
 Order matters only for readiness: the sinks exist before their producers (Replay ← PRM ← Proxy outbox;
-Evolver ← PRM), the control plane last. Every actor has its DESIGN.md name in namespace `clawray`.
+Evolver ← PRM), the control plane last (once serving is healthy). Every actor has its DESIGN.md name in namespace `clawray`.
 """
 
 from __future__ import annotations
@@ -61,14 +61,15 @@ def start_system(cfg: ClawrayConfig, *, detached: bool = False, serve_app: bool 
                           tokenizer_path=cfg.model_path(), workspace_root=workspaces,
                           judge_max_tokens=cfg.rewards.judge_max_tokens)
     handles.update({prm_name(i): h for i, h in enumerate(prms)})
-    step("OMLS scheduler")
-    handles["OMLS"] = start_omls(cfg.scheduler, layout.root, detached=detached)
-    step(f"Controller (mode {cfg.scheduler.mode})")
-    handles["Controller"] = start_controller(cfg, detached=detached)
     base_url = ""
     if serve_app:
         step("Serve app: Proxy -> PolicyEngine (vLLM)")
         base_url = deploy_serving(cfg, sink_actors=[prm_name(i) for i in range(len(prms))])
+    # The control plane last: an inactivity window must not open while vLLM is still starting.
+    step("OMLS scheduler")
+    handles["OMLS"] = start_omls(cfg.scheduler, layout.root, detached=detached)
+    step(f"Controller (mode {cfg.scheduler.mode})")
+    handles["Controller"] = start_controller(cfg, detached=detached)
     return System(cfg, base_url, handles)
 
 

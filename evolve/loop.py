@@ -6,8 +6,9 @@ evolution. Triggers (EvolverConfig), each needing at least `min_failures` failed
 - `every_n_turns` main turns of a session (0 = off),
 - the session's end (`turn.last_in_session`, when `on_session_end`),
 - a failure rate of the buffered turns above `failure_rate_threshold`.
-The failed turns handed to the evolver are the support set: the replay buffer is told to mark them
-support (never trained on) and, when the bank accepts new content, the new generation.
+The failed turns of an evolution that changed the library (new or changed skills, a new generation) are
+the support set: the replay buffer is told to mark them support (never trained on) and the new
+generation. An evolution that only re-found known lessons leaves its turns as query samples.
 """
 
 from __future__ import annotations
@@ -65,11 +66,13 @@ class _Entry:
 
 
 def _text(content: Any) -> str:
-    """Message content (a string or OpenAI content parts) as plain text."""
+    """Message content as plain text: a string, or OpenAI / Anthropic content parts (text parts and
+    the nested content of Anthropic `tool_result` parts)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        parts = [p.get("text") or _text(p.get("content")) for p in content if isinstance(p, dict)]
+        return "\n".join(p for p in parts if p)
     return "" if content is None else str(content)
 
 
@@ -155,8 +158,6 @@ class EvolutionLoop:
         report = EvolutionReport(trigger, sessions, len(failures))
         async with self._lock:
             self.counters["evolutions_triggered"] += 1
-            # Support set first: these samples taught the evolver, so they are never trained on.
-            await self.replay.mark_support([f.sample_id for f in failures])
             self.bank.reload()
             try:
                 skills = await self.evolver.evolve(list(failures), list(self.bank.skills()))
@@ -176,6 +177,10 @@ class EvolutionLoop:
             return self._rejected(report, "every produced skill was rejected by the bank")
         self.counters["evolutions_accepted"] += 1
         if result.accepted:
+            # The support set: these failures changed S (a new generation), so they are never trained
+            # on. Failures whose lessons S already had (merged: same content, no new generation) taught
+            # nothing new and stay query samples of the current generation.
+            await self.replay.mark_support([f.sample_id for f in failures])
             await self.replay.set_generation(result.generation)
         log.info("evolution (%s, %d failures): accepted %s, merged %s, rejected %s -> generation %d",
                  trigger, len(failures), result.accepted, result.merged, report.rejected, result.generation)

@@ -79,6 +79,25 @@ def overlap_scores(post_ids: np.ndarray, post_rows: np.ndarray, query_ids: np.nd
 
 
 # ------------------------------------------------------------------------------------ retrievers
+class _KeyMemo:
+    """content_key per Skill object, memoised by identity: the bank hands out the same object for an
+    unchanged skill, so a rebuild after one change hashes one skill, not the whole library."""
+
+    def __init__(self) -> None:
+        self._memo: dict[int, tuple[Skill, str]] = {}
+
+    def keys(self, skills: Sequence[Skill]) -> list[str]:
+        memo: dict[int, tuple[Skill, str]] = {}
+        out = []
+        for s in skills:
+            hit = self._memo.get(id(s))
+            key = hit[1] if hit is not None and hit[0] is s else content_key(s)
+            memo[id(s)] = (s, key)
+            out.append(key)
+        self._memo = memo
+        return out
+
+
 @dataclass(frozen=True)
 class _Groups:
     skills: tuple[Skill, ...]
@@ -104,10 +123,10 @@ class TemplateRetriever:
     def __init__(self) -> None:
         self._vocab: dict[str, int] = {}
         self._tok_cache: dict[str, np.ndarray] = {}  # content_key -> (t,) distinct token ids
+        self._keys = _KeyMemo()
         self._index: tuple[_Groups, np.ndarray, np.ndarray] | None = None
 
-    def _token_ids(self, skill: Skill) -> np.ndarray:
-        key = content_key(skill)
+    def _token_ids(self, skill: Skill, key: str) -> np.ndarray:
         ids = self._tok_cache.get(key)
         if ids is None:
             toks = set(tokenize(f"{skill.name.replace('-', ' ')} {skill.description} {skill.body}"))
@@ -117,7 +136,8 @@ class TemplateRetriever:
 
     def build(self, skills: Sequence[Skill]) -> None:
         groups = _groups(skills)
-        per_skill = [self._token_ids(s) for s in skills]
+        keys = self._keys.keys(skills)
+        per_skill = [self._token_ids(s, k) for s, k in zip(skills, keys, strict=True)]
         if per_skill:
             ids = np.concatenate(per_skill)
             rows = np.repeat(np.arange(len(per_skill)), [a.size for a in per_skill])
@@ -125,8 +145,9 @@ class TemplateRetriever:
             ids, rows = ids[order], rows[order]
         else:
             ids = rows = np.zeros(0, dtype=np.int64)
-        live = {content_key(s) for s in skills}
-        self._tok_cache = {k: v for k, v in self._tok_cache.items() if k in live}
+        if len(self._tok_cache) > 1.25 * len(keys) + 64:  # forget removed skills now and then
+            live = set(keys)
+            self._tok_cache = {k: v for k, v in self._tok_cache.items() if k in live}
         self._index = (groups, ids, rows)
 
     def retrieve(self, query: str, top_k: int, task_specific_top_k: int) -> list[Skill]:
@@ -148,10 +169,11 @@ class EmbeddingRetriever:
 
     def __init__(self, cache: EmbeddingCache):
         self.cache = cache
+        self._keys = _KeyMemo()
         self._index: tuple[_Groups, np.ndarray] | None = None
 
     def build(self, skills: Sequence[Skill]) -> None:
-        self._index = (_groups(skills), self.cache.skill_matrix(list(skills)))
+        self._index = (_groups(skills), self.cache.skill_matrix(list(skills), self._keys.keys(skills)))
 
     def encode(self, query: str) -> np.ndarray:
         return self.cache.encode_query(query)

@@ -36,10 +36,11 @@ async def read_json_body(request: Request, limit: int) -> dict[str, Any]:
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
-            if int(declared) > limit:
-                raise RequestError(f"request body exceeds {limit} bytes", 413)
+            size = int(declared)
         except ValueError:
             raise RequestError("invalid Content-Length header") from None
+        if size > limit:
+            raise RequestError(f"request body exceeds {limit} bytes", 413)
     buf = bytearray()
     async for chunk in request.stream():
         buf += chunk

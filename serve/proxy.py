@@ -2,14 +2,15 @@
 
 Routes (errors become status codes only here): OpenAI `POST /v1/chat/completions`, `GET /v1/models`;
 Anthropic `POST /v1/messages`, `POST /v1/messages/count_tokens`; `GET /healthz`; session end
-`POST /v1/sessions/{id}/end`; admin (own key) `/admin/adapters…`. Generation happens in the
-`PolicyEngine` deployment behind a handle; this replica holds the handle and a session store, no engine
-state.
+`POST /v1/sessions/{id}/end`; admin (own key) `/admin/adapters…`, `/admin/sessions/stats`. Generation
+happens in the engine deployment (`PolicyEngine`: vLLM, or `UpstreamEngine`) behind a handle; this
+replica holds the handle and a session store, no engine state.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -19,6 +20,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import BackPressureError, RayServeException
 
 from core.config import ProxyConfig, SkillsConfig
 from core.storage import StorageLayout
@@ -33,10 +36,13 @@ from serve.http import (
     require_messages,
 )
 from serve.injection import SkillInjector
+from serve.metrics import ProxyMetrics
 from serve.outbox import ActorPoolSink, Dispatcher, JsonlTurnSink
 from serve.protocol import EngineRequestError, Reply
+from serve.recorder import GroupCommit
 from serve.sessions import SessionStore
 from serve.turns import (
+    AnthropicStreamToolUse,
     RequestError,
     StreamToolCalls,
     TurnMeta,
@@ -49,11 +55,16 @@ from serve.turns import (
 log = logging.getLogger("clawray.proxy")
 app = FastAPI(title="clawray proxy", version="0.1.0")
 TERMINAL = ("data: [DONE]", "event: message_stop")
+# Ray Serve request-path settings for Proxy replicas (measured in benchmarks/proxy_overhead.py): run the
+# FastAPI app and the handle router on the replica's own event loop instead of two extra threads, and
+# buffer Serve's access-log lines. Our request path never blocks the loop (SQLite runs in a thread).
 PROXY_REPLICA_ENV = {
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
     "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000",
 }
+# The engine is gone or saturated: the client may retry (OpenAI/Anthropic SDKs retry 503 by themselves).
+UNAVAILABLE = (RayActorError, BackPressureError, RayServeException)
 
 
 class ProxyImpl:
@@ -63,6 +74,7 @@ class ProxyImpl:
         self.cfg = ProxyConfig.model_validate(proxy)
         layout = StorageLayout(Path(storage_root)).ensure()
         self.store = SessionStore(layout.sessions / "sessions.db")
+        self.recorder = GroupCommit(self.store)
         sink = ActorPoolSink(sink_actors) if sink_actors else JsonlTurnSink(layout.sessions / "completed.jsonl")
         self.dispatcher = Dispatcher(self.store, sink, self.cfg.session_idle_timeout_s)
         self.injector = SkillInjector.build(SkillsConfig.model_validate(skills), layout.skills)
@@ -70,6 +82,9 @@ class ProxyImpl:
         self.api_key = os.environ.get(self.cfg.api_key_env) if self.cfg.api_key_env else None
         self.admin_key = os.environ.get(self.cfg.admin_key_env) or None
         self.activity = ActivityReporter()
+        self.metrics: ProxyMetrics | None = None  # set by the deployment (needs a Ray worker)
+        self.headers: dict[str, str] = {}  # added to every generation reply (the replica id)
+        self._stream_engine: Any = None
         self._started = False
 
     def _ensure_started(self) -> None:
@@ -93,79 +108,124 @@ class ProxyImpl:
 
     # ---- generation -------------------------------------------------------------------------------
 
-    async def _prepare(self, body: dict[str, Any], request: Request, anthropic: bool) -> tuple[TurnMeta, list, int]:
+    def _observe(self, route: str, status: int, t0: float) -> None:
+        if self.metrics is not None:
+            self.metrics.request(route, status, time.perf_counter() - t0)
+
+    async def _prepare(self, body: dict[str, Any], request: Request,
+                       anthropic: bool) -> tuple[TurnMeta, list, int]:
         meta = extract_meta(body, {k.lower(): v for k, v in request.headers.items()},
                             client_fingerprint(request))
         skills, generation = [], 0
         if meta.turn_type.value == "main":
             self.activity.note()
-        if self.injector is not None and meta.turn_type.value == "main":
-            skills, generation = await self.injector.inject(body, anthropic)
+            if self.injector is not None:
+                skills, generation = await self.injector.inject(body, anthropic)
         return meta, skills, generation
 
     async def _record(self, reply: Reply, meta: TurnMeta, skills: list[str], generation: int,
                       tool_calls: list[list[dict]]) -> None:
-        if meta.turn_type.value != "main":
+        cap = reply.capture
+        if self.metrics is not None:
+            self.metrics.captured(meta.turn_type.value, len(cap.prompt_ids),
+                                  sum(len(c.token_ids) for c in cap.choices.values()))
+        if meta.turn_type.value != "main":  # side turns are served, never stored or trained on
             if meta.session_done:
                 await asyncio.to_thread(self.store.end_session, meta.session_id)
             return
         turns = turns_from_reply(reply, meta, skills, generation, tool_calls)
         if turns:
-            await asyncio.to_thread(self.store.record, turns, next_state_of(reply.messages))
+            await self.recorder.record(turns, next_state_of(reply.messages))
 
     async def generate(self, request: Request, anthropic: bool) -> Any:
         self._ensure_started()
-        error = anthropic_error if anthropic else openai_error
+        t0 = time.perf_counter()
+        route, error = ("messages", anthropic_error) if anthropic else ("chat", openai_error)
         try:
             self._auth(request)
             body = await read_json_body(request, self.cfg.max_body_bytes)
             require_messages(body)
             meta, skills, generation = await self._prepare(body, request, anthropic)
             if body.get("stream"):
-                return await self._stream(body, meta, skills, generation, anthropic)
+                return await self._stream(body, meta, skills, generation, anthropic, t0)
             method = self.engine.messages if anthropic else self.engine.chat
             reply: Reply = await method.remote(body)
+            await self._record(reply, meta, skills, generation, tool_calls_of(reply.body))
         except RequestError as e:
-            return error(e.status, str(e))
+            return self._failed(route, t0, error(e.status, str(e)))
         except EngineRequestError as e:
-            return error(e.status, e.message)
-        await self._record(reply, meta, skills, generation, tool_calls_of(reply.body))
-        return JSONResponse(reply.body)
+            return self._failed(route, t0, error(e.status, e.message))
+        except UNAVAILABLE as e:
+            log.warning("engine unavailable: %s", type(e).__name__)
+            return self._failed(route, t0, error(503, "the engine is unavailable; retry shortly"))
+        self._observe(route, 200, t0)
+        return JSONResponse(reply.body, headers={**self.headers, "X-Session-Id": meta.session_id})
+
+    def _failed(self, route: str, t0: float, response: JSONResponse) -> JSONResponse:
+        self._observe(route, response.status_code, t0)
+        return response
 
     async def _stream(self, body: dict, meta: TurnMeta, skills: list[str], generation: int,
-                      anthropic: bool) -> StreamingResponse:
+                      anthropic: bool, t0: float) -> StreamingResponse:
+        route = "messages" if anthropic else "chat"
         method = "messages_stream" if anthropic else "chat_stream"
-        gen = getattr(self.engine.options(stream=True), method).remote(body)
+        if self._stream_engine is None:
+            self._stream_engine = self.engine.options(stream=True)
+        gen = getattr(self._stream_engine, method).remote(body)
         first = await gen.__anext__()  # request errors surface here, before any byte is sent
-        tools = StreamToolCalls() if body.get("tools") and not anthropic else None
+        tools = AnthropicStreamToolUse() if anthropic else (StreamToolCalls() if body.get("tools") else None)
 
         async def events():
-            item, held = first, None
-            while True:
-                if isinstance(item, Reply):
-                    n = len(item.capture.choices)
-                    await self._record(item, meta, skills, generation, tools.result(n) if tools else [])
-                    break
-                if item.startswith(TERMINAL):
-                    held = item  # sent only once the turn is recorded: the next turn must find it
-                else:
-                    if tools is not None:
-                        tools.feed(item)
-                    yield item
-                try:
+            item, held, status = first, None, 499  # 499 until the end: the client may go away first
+            try:
+                while True:
+                    if isinstance(item, Reply):
+                        n = len(item.capture.choices)
+                        await self._record(item, meta, skills, generation, tools.result(n) if tools else [])
+                        status = 200
+                        break
+                    if item.startswith(TERMINAL):
+                        held = item  # sent only once the turn is recorded: the next turn must find it
+                    else:
+                        if tools is not None:
+                            tools.feed(item)
+                        yield item
                     item = await gen.__anext__()
-                except StopAsyncIteration:
-                    break
-            if held is not None:
+            except StopAsyncIteration:
+                status = 200
+            except (EngineRequestError, *UNAVAILABLE) as e:  # failed mid-stream: tell the client in-band
+                status = e.status if isinstance(e, EngineRequestError) else 503
+                message = e.message if isinstance(e, EngineRequestError) else "the engine became unavailable"
+                log.warning("stream failed after it started: %s", type(e).__name__)
+                yield _stream_error(anthropic, status, message)
+            finally:
+                if status == 499:
+                    gen.cancel()  # the client went away: stop generating
+                self._observe(route, status, t0)
+            if held is not None and status == 200:
                 yield held
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Session-Id": meta.session_id,
+                   **self.headers}
+        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
+def _stream_error(anthropic: bool, status: int, message: str) -> str:
+    """An in-band error event in the client's protocol (headers are already sent)."""
+    if anthropic:
+        kind = "overloaded_error" if status == 503 else "api_error"
+        return f"event: error\ndata: {json.dumps({'type': 'error', 'error': {'type': kind, 'message': message}})}\n\n"
+    return f"data: {json.dumps({'error': {'message': message, 'type': 'server_error', 'code': status}})}\n\n"
 
 
 @serve.deployment(name="Proxy", max_ongoing_requests=512)
 @serve.ingress(app)
 class Proxy(ProxyImpl):
+    def __init__(self, *args: Any, **kwargs: Any):
+        ProxyImpl.__init__(self, *args, **kwargs)
+        self.metrics = ProxyMetrics()
+        self.headers = {"X-Clawray-Replica": serve.get_replica_context().replica_id.unique_id}
+
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
         return await self.generate(request, anthropic=False)
@@ -176,26 +236,33 @@ class Proxy(ProxyImpl):
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(self, request: Request):
+        t0 = time.perf_counter()
         try:
             self._auth(request)
             body = await read_json_body(request, self.cfg.max_body_bytes)
             require_messages(body)
-            extract_meta(body, {}, "")
-            return JSONResponse(await self.engine.count_tokens.remote(body))
+            extract_meta(body, {}, "")  # strips clawray's body fields
+            result = await self.engine.count_tokens.remote(body)
         except RequestError as e:
-            return anthropic_error(e.status, str(e))
+            return self._failed("count_tokens", t0, anthropic_error(e.status, str(e)))
         except EngineRequestError as e:
-            return anthropic_error(e.status, e.message)
+            return self._failed("count_tokens", t0, anthropic_error(e.status, e.message))
+        except UNAVAILABLE:
+            return self._failed("count_tokens", t0, anthropic_error(503, "the engine is unavailable"))
+        self._observe("count_tokens", 200, t0)
+        return JSONResponse(result)
 
     @app.get("/v1/models")
     async def models(self, request: Request):
         try:
             self._auth(request)
+            info = await self.engine.models.remote()
         except RequestError as e:
             return openai_error(e.status, str(e))
-        info = await self.engine.models.remote()
+        except UNAVAILABLE:
+            return openai_error(503, "the engine is unavailable")
         now = int(time.time())
-        ids = [info["base"], info["alias"], *info["loaded"]]
+        ids = list(dict.fromkeys([info["base"], info["alias"], *info["loaded"]]))
         data = [{"id": i, "object": "model", "created": now, "owned_by": "clawray",
                  "max_model_len": info["max_model_len"],
                  **({"active": info["active"]} if i == info["alias"] else {})} for i in ids]
@@ -229,6 +296,8 @@ class Proxy(ProxyImpl):
             return openai_error(e.status, str(e))
         except EngineRequestError as e:
             return openai_error(e.status, e.message)
+        except UNAVAILABLE:
+            return openai_error(503, "the engine is unavailable")
 
     @app.get("/admin/adapters")
     async def list_adapters(self, request: Request):

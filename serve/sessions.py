@@ -54,30 +54,38 @@ class SessionStore:
     def record(self, turns: list[Turn], prev_next_state: list[dict[str, Any]] | None) -> list[Turn]:
         """Store the main turn(s) of one request (n > 1 choices share a `group_id` and an index) and
         complete the session's pending turn(s) with `prev_next_state`. Assigns `turn_index`."""
+        return self.record_batch([(turns, prev_next_state)])[0]
+
+    def record_batch(
+        self, items: list[tuple[list[Turn], list[dict[str, Any]] | None]]
+    ) -> list[list[Turn]]:
+        """`record` for several requests in ONE transaction (group commit), in order: two requests of
+        the same session in one batch chain exactly as if recorded one after the other."""
         now = time.time()
-        first = turns[0]
         with self._tx() as db:
-            row = db.execute(
-                "SELECT turns FROM sessions WHERE session_id=?", (first.session_id,)
-            ).fetchone()
-            index = row[0] if row else 0
+            return [self._record(db, turns, nxt, now) for turns, nxt in items]
+
+    def _record(self, db, turns: list[Turn], prev_next_state, now: float) -> list[Turn]:
+        first = turns[0]
+        row = db.execute("SELECT turns FROM sessions WHERE session_id=?", (first.session_id,)).fetchone()
+        index = row[0] if row else 0
+        db.execute(
+            "INSERT INTO sessions(session_id, tenant, turns, last_seen, done) VALUES(?,?,?,?,?) "
+            "ON CONFLICT(session_id) DO UPDATE SET turns=excluded.turns, "
+            "last_seen=excluded.last_seen, done=excluded.done",
+            (first.session_id, first.tenant, index + 1, now, int(first.last_in_session)),
+        )
+        self._complete_pending(db, first.session_id, prev_next_state, last=False, now=now)
+        stored = []
+        for turn in turns:
+            turn = turn.model_copy(update={"turn_index": index})
+            state = "completed" if turn.last_in_session else "pending"
             db.execute(
-                "INSERT INTO sessions(session_id, tenant, turns, last_seen, done) VALUES(?,?,?,?,?) "
-                "ON CONFLICT(session_id) DO UPDATE SET turns=excluded.turns, "
-                "last_seen=excluded.last_seen, done=excluded.done",
-                (first.session_id, first.tenant, index + 1, now, int(first.last_in_session)),
+                "INSERT INTO turns(turn_id, session_id, turn_index, state, payload, updated_at) "
+                "VALUES(?,?,?,?,?,?)",
+                (turn.turn_id, turn.session_id, index, state, turn.model_dump_json(), now),
             )
-            self._complete_pending(db, first.session_id, prev_next_state, last=False, now=now)
-            stored = []
-            for turn in turns:
-                turn = turn.model_copy(update={"turn_index": index})
-                state = "completed" if turn.last_in_session else "pending"
-                db.execute(
-                    "INSERT INTO turns(turn_id, session_id, turn_index, state, payload, updated_at) "
-                    "VALUES(?,?,?,?,?,?)",
-                    (turn.turn_id, turn.session_id, index, state, turn.model_dump_json(), now),
-                )
-                stored.append(turn)
+            stored.append(turn)
         return stored
 
     @staticmethod

@@ -175,3 +175,33 @@ class StreamToolCalls:
 
     def result(self, n: int) -> list[list[dict[str, Any]]]:
         return [[c for _, c in sorted(self.calls.get(i, {}).items())] for i in range(n)]
+
+
+class AnthropicStreamToolUse:
+    """Accumulates Anthropic streaming `tool_use` blocks into the OpenAI tool-call shape Turn stores."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, dict[str, Any]] = {}
+
+    def feed(self, event: str) -> None:
+        if event.startswith("event: content_block_start") and '"tool_use"' in event:
+            data = _sse_json(event)
+            block = data.get("content_block") or {}
+            self.blocks[data.get("index", 0)] = {
+                "id": block.get("id"), "function": {"name": block.get("name") or "", "arguments": ""}}
+        elif event.startswith("event: content_block_delta") and '"input_json_delta"' in event:
+            data = _sse_json(event)
+            slot = self.blocks.get(data.get("index", 0))
+            if slot is not None:
+                slot["function"]["arguments"] += (data.get("delta") or {}).get("partial_json") or ""
+
+    def result(self, n: int) -> list[list[dict[str, Any]]]:
+        return [[c for _, c in sorted(self.blocks.items())]] + [[] for _ in range(n - 1)]
+
+
+def _sse_json(event: str) -> dict[str, Any]:
+    """The JSON of an SSE event's `data:` line (`event: x\\ndata: {...}\\n\\n`)."""
+    for line in event.splitlines():
+        if line.startswith("data:"):
+            return json.loads(line[5:])
+    return {}

@@ -77,26 +77,14 @@ class VLLMServing:
     # ---- requests -------------------------------------------------------------------------------
 
     def _chat_request(self, body: dict[str, Any]):
-        from pydantic import ValidationError
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-        try:
-            return ChatCompletionRequest.model_validate(body)
-        except ValidationError as e:
-            raise EngineRequestError(400, _first_error(e)) from None
-        except _client_errors() as e:  # vLLM's own validators raise VLLMClientError
-            raise EngineRequestError(400, str(e)) from None
+        return _validate(ChatCompletionRequest, body)
 
     def _anthropic_request(self, body: dict[str, Any]):
-        from pydantic import ValidationError
         from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
 
-        try:
-            req = AnthropicMessagesRequest.model_validate(body)
-        except ValidationError as e:
-            raise EngineRequestError(400, _first_error(e)) from None
-        except _client_errors() as e:  # vLLM's own validators raise VLLMClientError
-            raise EngineRequestError(400, str(e)) from None
+        req = _validate(AnthropicMessagesRequest, body)
         serving = self.state.anthropic_serving_messages
         return serving.to_chat_completion_request(
             req, merge_inline_system=serving._merge_inline_system
@@ -154,14 +142,14 @@ class VLLMServing:
         yield Reply({}, cap, _dump_messages(chat_req))
 
     async def count_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
-        chat_req = self._anthropic_request(body)
-        chat_req.messages = chat_req.messages
-        tok = self.state.openai_serving_chat.renderer.tokenizer
-        ids = tok.apply_chat_template(
-            _dump_messages(chat_req), tools=_tools(chat_req), add_generation_prompt=True, tokenize=True
-        )
-        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-        return {"input_tokens": len(ids)}
+        """Anthropic `count_tokens`: vLLM renders the prompt exactly as `messages` would."""
+        from vllm.entrypoints.anthropic.protocol import AnthropicCountTokensRequest
+
+        req = _validate(AnthropicCountTokensRequest, body)
+        res = await self.state.anthropic_serving_messages.count_tokens(req, None)
+        if _is_error(res):
+            raise EngineRequestError(int(res.error.code), res.error.message, res.error.type)
+        return {"input_tokens": res.input_tokens}
 
     # ---- LoRA -----------------------------------------------------------------------------------
 
@@ -189,6 +177,18 @@ class VLLMServing:
         return self.state.openai_serving_chat.renderer.tokenizer
 
 
+def _validate(model: Any, body: dict[str, Any]) -> Any:
+    """`model.model_validate(body)` with every client mistake as a 400 (first error only, no input echo)."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise EngineRequestError(400, _first_error(e)) from None
+    except _client_errors() as e:  # vLLM's own validators raise VLLMClientError
+        raise EngineRequestError(400, str(e)) from None
+
+
 def _client_errors() -> tuple[type[Exception], ...]:
     from vllm.exceptions import VLLMClientError
 
@@ -208,8 +208,3 @@ def _first_error(e: Any) -> str:
 def _dump_messages(chat_req: Any) -> list[dict[str, Any]]:
     return [m if isinstance(m, dict) else m.model_dump(exclude_none=True) for m in chat_req.messages]
 
-
-def _tools(chat_req: Any) -> list[dict[str, Any]] | None:
-    if not chat_req.tools:
-        return None
-    return [t.model_dump(exclude_none=True) for t in chat_req.tools]

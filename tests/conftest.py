@@ -24,6 +24,7 @@ def ray_cluster():
 
     if not ray.is_initialized():
         ray.init(
+            address="local",  # our own cluster, never someone else's `ray start` on this machine
             num_cpus=8,  # logical CPUs: actors take fractions; the machine has 2 cores
             namespace="clawray",
             include_dashboard=False,

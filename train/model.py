@@ -8,6 +8,8 @@
   DeepSpeed's own bf16 mode. Uses a plain torch AdamW (`zero_force_ds_cpu_optimizer: false`) so the
   same code also runs on DeepSpeed's CPU accelerator (CPU-RECIPES.md). Checkpoints are DeepSpeed's own
   sharded format, written by every worker into the Ray Train checkpoint.
+  NOTE: ZeRO shards are per world size; an elastic run that resumes on a different number of workers
+  must use DDP (its checkpoint is world-size free) or convert with DeepSpeed's universal checkpoints.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ after a restart: `append` is idempotent (sample ids), a retried `lease` at worst
 that expires and is re-delivered.
 
 Also exports gauges through `ray.util.metrics` (Prometheus via the Ray metrics agent):
-`clawray_replay_samples{state}`, `clawray_replay_samples_by_generation{state,generation}` (current one),
+`clawray_replay_samples{state}`, `clawray_replay_samples_current_generation{state}`,
 `clawray_replay_stale_retired`, `clawray_replay_generation`, `clawray_replay_oldest_fresh_age_s`.
 """
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from rewards.checkers import bench_cli, choice, command
+from rewards.checkers import bench_cli, choice, command, style
 from rewards.checkers.base import CheckerSpecError, CheckResult, PathEscape, resolve_inside
 
 Checker = Callable[[dict[str, Any], str, Path | None], CheckResult]
@@ -32,6 +32,7 @@ CHECKERS: dict[str, Checker] = {
     "done_log": bench_cli.done_log,
     "command": command.command,
     "file_check": command.file_check,
+    "lowercase": style.lowercase,
 }
 
 __all__ = [

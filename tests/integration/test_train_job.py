@@ -167,3 +167,22 @@ def test_deepspeed_zero2_path_trains_checkpoints_and_resumes(env) -> None:
     assert Path(second.checkpoint, "deepspeed").is_dir() and Path(second.checkpoint, "adapter").is_dir()
     assert not set(first.trained_sample_ids) & set(second.trained_sample_ids)
     assert set(states(env, first.trained_sample_ids + second.trained_sample_ids).values()) == {"trained"}
+
+
+def test_replay_actor_restarts_without_losing_samples_or_leases(env) -> None:
+    ray, replay = env["ray"], env["replay"]
+    gen = ray.get(replay.stats.remote())["generation"]
+    ray.get(replay.append.remote([sample(gen, 900 + i) for i in range(6)]))
+    lease_id, leased = ray.get(replay.lease.remote(4, 120.0, "it-restart"))
+    before = ray.get(replay.stats.remote())
+    ray.kill(replay, no_restart=False)  # a crash: Ray restarts it (max_restarts=-1)
+    deadline = time.time() + 60
+    while True:
+        try:
+            after = ray.get(replay.stats.remote())
+            break
+        except ray.exceptions.RayActorError:
+            assert time.time() < deadline, "Replay did not come back"
+            time.sleep(0.5)
+    assert after["by_state"] == before["by_state"] and after["generation"] == gen
+    assert ray.get(replay.commit.remote(lease_id)) == len(leased) == 4

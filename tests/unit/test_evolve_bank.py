@@ -203,3 +203,33 @@ def test_concurrent_adds_from_several_processes_lose_nothing(tmp_path: Path):
     assert sorted(h["generation"] for h in hist) == sorted(g for g in range(1, workers * batches + 1)
                                                           for _ in range(2))
     assert not [p for p in tmp_path.iterdir() if p.name.startswith((".tmp", ".trash"))]
+
+
+def test_vector_set_tracks_adds_changes_and_removals():
+    from evolve.embedding import EmbeddingCache, VectorSet
+    from evolve.skill_md import content_key
+
+    calls: list[int] = []
+    base = BagOfWordsEmbedder()
+
+    class Counting:
+        dim = base.dim
+
+        def encode(self, texts):
+            calls.append(len(texts))
+            return base.encode(texts)
+
+    vs = VectorSet(EmbeddingCache(Counting()))
+    lib = {f"s{i:02d}": sk(f"s{i:02d}", f"topic{i} alpha{i} beta{i}") for i in range(20)}
+    vs.sync(lib, {n: content_key(s) for n, s in lib.items()})
+    probe = base.encode(["s03. topic3 alpha3 beta3"])[0]
+    assert vs.nearest(probe)[0] == "s03" and vs.nearest(probe, exclude="s03")[0] != "s03"
+    lib["s03"] = sk("s03", "entirely different words here")  # changed content
+    for i in range(4, 12):  # removals beyond a quarter of the rows force a compaction
+        del lib[f"s{i:02d}"]
+    vs.sync(lib, {n: content_key(s) for n, s in lib.items()})
+    assert calls == [20, 1]  # only the changed skill was encoded again
+    name, cos = vs.nearest(base.encode(["s03. entirely different words here"])[0])
+    assert name == "s03" and cos > 0.99
+    assert all(vs.nearest(base.encode([f"s{i:02d}. topic{i} alpha{i} beta{i}"])[0])[0] != f"s{i:02d}"
+               for i in range(4, 12))

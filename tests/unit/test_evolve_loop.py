@@ -85,7 +85,8 @@ async def test_repeated_lesson_across_sessions_merges_without_a_new_generation(t
     await loop.observe(*turn_and_sample("s1", 0, -1.0, FEEDBACK))
     report = await loop.observe(*turn_and_sample("s2", 0, -1.0, FEEDBACK))
     assert report.merged and not report.accepted and report.generation == 1
-    assert replay.generations == [1] and len(replay.support) == 2
+    # Only the evolution that changed S made a support set; the re-found lesson stays a query sample.
+    assert replay.generations == [1] and len(replay.support) == 1
 
 
 async def test_evolve_now_and_evolver_errors_are_counted(tmp_path: Path):
@@ -105,7 +106,12 @@ async def test_evolve_now_and_evolver_errors_are_counted(tmp_path: Path):
     assert await loop.evolve_now() is None  # nothing left
 
 
-@pytest.mark.parametrize("content", ["the text", [{"type": "text", "text": "the text"}]])
+@pytest.mark.parametrize("content", [
+    "the text",
+    [{"type": "text", "text": "the text"}],
+    [{"type": "image_url", "image_url": {"url": "x"}}, {"type": "tool_result", "content": [
+        {"type": "text", "text": "the text"}]}],
+])
 def test_failure_from_reads_user_message_and_next_state(content):
     turn, sample = turn_and_sample("s1", 0, -1.0, FEEDBACK)
     turn = turn.model_copy(update={"messages": [{"role": "system", "content": "sys"},

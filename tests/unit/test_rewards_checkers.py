@@ -228,3 +228,18 @@ def test_spec_workspace_subdir_must_stay_inside(tmp_path):
 def test_workspace_checkers_need_a_workspace():
     with pytest.raises(CheckerSpecError, match="workspace"):
         evaluate({"type": "backup", "file": "a"}, "", None)
+
+
+def test_lowercase_gives_partial_credit():
+    from rewards.checkers import evaluate
+
+    assert evaluate({"type": "lowercase"}, "all good here", None).score == 1.0
+    half = evaluate({"type": "lowercase"}, "abCD", None)
+    assert half.score == 0.5 and not half.passed
+    assert evaluate({"type": "lowercase"}, "1234 !!", None).score == 0.0
+    import pytest
+
+    from rewards.checkers import CheckerSpecError
+
+    with pytest.raises(CheckerSpecError):
+        evaluate({"type": "lowercase", "threshold": 3}, "x", None)

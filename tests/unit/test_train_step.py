@@ -99,3 +99,13 @@ def test_kl_to_base_is_zero_before_training_and_uses_disabled_adapter(model_path
     assert m["kl"] == pytest.approx(0.0, abs=1e-6)  # LoRA B starts at 0: policy == base
     m = train_step(backend, samples, c)
     assert m["kl"] > 0  # after one update the adapter moved the policy away from the base
+
+
+def test_bf16_step_keeps_lora_weights_and_logprobs_in_fp32(model_path: str) -> None:
+    c = cfg(bf16=True)
+    model = build_peft_model(model_path, c, torch.device("cpu"))
+    lora = [p for p in model.parameters() if p.requires_grad]
+    assert lora and all(p.dtype == torch.float32 for p in lora)  # optimizer state stays fp32
+    backend = DDPBackend(model, c, torch.device("cpu"), world=1)
+    m = train_step(backend, [make([1, 2], [3, 4], 1.0), make([1, 2], [5, 6], -1.0)], c)
+    assert m["tokens_trained"] == 4 and torch.isfinite(torch.tensor(m["loss"])) and m["grad_norm"] > 0

@@ -1,0 +1,26 @@
+"""Reply-style preferences scored with partial credit (e.g. "Mei wants replies in lowercase")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rewards.checkers.base import CheckerSpecError, CheckResult
+
+
+def lowercase(spec: dict[str, Any], reply: str, workspace: Path | None) -> CheckResult:
+    """Share of the reply's letters that are lowercase; passes at `threshold` (default 0.95).
+
+    Partial credit on purpose: it gives GRPO a graded signal (a reply with fewer capitals is better),
+    not only pass/fail. No letters at all scores 0.
+    """
+    threshold = spec.get("threshold", 0.95)
+    if not isinstance(threshold, int | float) or not 0 < threshold <= 1:
+        raise CheckerSpecError("lowercase: threshold must be a number in (0, 1]")
+    letters = [c for c in reply or "" if c.isalpha()]
+    if not letters:
+        return CheckResult(0.0, False, "the reply has no letters", "lowercase")
+    share = sum(c.islower() for c in letters) / len(letters)
+    passed = share >= threshold
+    why = "all lowercase" if share == 1 else f"{share:.0%} of the letters are lowercase"
+    return CheckResult(round(share, 4), passed, why, "lowercase")

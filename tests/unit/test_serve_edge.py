@@ -1,0 +1,129 @@
+"""The Proxy's edge without Ray: body limits, UTF-8, keys, startup safety checks, group commit, logging."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from starlette.requests import Request
+
+from core.config import ConfigError, load_config
+from core.contracts import Turn
+from serve.http import key_matches, presented_key, read_json_body
+from serve.recorder import GroupCommit
+from serve.sessions import SessionStore
+from serve.turns import RequestError
+
+
+def _request(body: bytes, headers: dict[str, str] | None = None, chunk: int = 1 << 20) -> Request:
+    parts = [body[i:i + chunk] for i in range(0, len(body), chunk)] or [b""]
+    messages = [{"type": "http.request", "body": p, "more_body": i < len(parts) - 1} for i, p in enumerate(parts)]
+
+    async def receive():
+        return messages.pop(0)
+
+    raw = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": raw}, receive)
+
+
+def _read(body: bytes, limit: int = 1024, **kw):
+    return asyncio.run(read_json_body(_request(body, **kw), limit))
+
+
+def test_body_over_the_limit_is_413_declared_or_streamed():
+    big = b'{"x": "' + b"a" * 5000 + b'"}'
+    with pytest.raises(RequestError) as e:
+        _read(big, headers={"content-length": str(len(big))})
+    assert e.value.status == 413
+    with pytest.raises(RequestError) as e:  # no Content-Length (chunked): counted while reading
+        _read(big, chunk=100)
+    assert e.value.status == 413
+
+
+@pytest.mark.parametrize("payload, fragment", [
+    (b'{"a": "\xff\xfe"}', "UTF-8"), (b"{nope", "not valid JSON"), (b"[1]", "JSON object")])
+def test_bad_bodies_are_400_with_a_reason(payload, fragment):
+    with pytest.raises(RequestError) as e:
+        _read(payload)
+    assert e.value.status == 400 and fragment in str(e.value)
+
+
+def test_keys_from_bearer_or_x_api_key_compared_in_constant_time():
+    assert presented_key(_request(b"", {"Authorization": "Bearer k1"})) == "k1"
+    assert presented_key(_request(b"", {"x-api-key": "k2"})) == "k2"
+    assert key_matches("k1", "k1") and not key_matches("k2", "k1") and not key_matches(None, "k1")
+    assert key_matches(None, None)  # no key configured (loopback only, see below)
+
+
+def _cfg(**env):
+    base = {"CLAWRAY__MODEL__PATH": "/nonexistent-model"}  # not "tiny": the check would build it
+    return load_config(env={**base, **{f"CLAWRAY__{k}": v for k, v in env.items()}})
+
+
+def test_proxy_beyond_loopback_refuses_to_start_without_a_key():
+    from cluster.serve_app import check_serving_config
+
+    cfg = _cfg(PROXY__HOST="0.0.0.0")
+    with pytest.raises(ConfigError, match="not loopback"):
+        check_serving_config(cfg, env={})
+    check_serving_config(cfg, env={"CLAWRAY_API_KEY": "k"})  # with a key it may start
+    check_serving_config(_cfg(), env={})  # loopback without a key is allowed
+
+
+def test_upstream_mode_checks_its_url_and_key_env():
+    from cluster.serve_app import check_serving_config
+
+    up = {"ENGINE__BACKEND": "upstream", "ENGINE__UPSTREAM": "{base_url: 'http://127.0.0.1:9/v1', "
+          "model: m, api_key_env: UPSTREAM_KEY}"}
+    with pytest.raises(ConfigError, match="UPSTREAM_KEY"):
+        check_serving_config(_cfg(**up), env={})
+    check_serving_config(_cfg(**up), env={"UPSTREAM_KEY": "k"})
+    bad = {**up, "ENGINE__UPSTREAM": "{base_url: 'ftp://x', model: m}"}
+    with pytest.raises(ConfigError, match="http"):
+        check_serving_config(_cfg(**bad), env={})
+
+
+def test_vllm_request_logging_stays_off():
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from core.config import EngineConfig, ModelConfig
+    from serve.vllm_engine import vllm_cli_args
+
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(
+        vllm_cli_args("/m", ModelConfig(), EngineConfig()))
+    assert not args.enable_log_requests and not args.enable_log_outputs
+
+
+def _turn(sid: str) -> Turn:
+    return Turn(session_id=sid, turn_index=0, prompt_ids=[1], response_ids=[2], response_logprobs=[-1.0])
+
+
+def test_group_commit_batches_concurrent_records_and_keeps_session_order(tmp_path):
+    store = SessionStore(tmp_path / "s.db")
+    rec = GroupCommit(store)
+
+    async def run():
+        first = [rec.record([_turn(f"s{i % 4}")], None) for i in range(40)]
+        return await asyncio.gather(*first)
+
+    stored = asyncio.run(run())
+    assert rec.commits < 40  # concurrent requests shared transactions
+    for s in range(4):
+        idx = [t[0].turn_index for i, t in enumerate(stored) if i % 4 == s]
+        assert idx == list(range(10))  # same order as the calls, as if recorded one by one
+    assert len(store.turns()) == 40
+
+
+def test_group_commit_isolates_a_failing_record(tmp_path):
+    store = SessionStore(tmp_path / "s.db")
+    rec = GroupCommit(store)
+    dup = _turn("a")
+
+    async def run():
+        return await asyncio.gather(rec.record([dup], None), rec.record([dup], None),
+                                    rec.record([_turn("b")], None), return_exceptions=True)
+
+    ok1, err, ok2 = asyncio.run(run())
+    assert isinstance(err, Exception) and not isinstance(ok1, Exception) and not isinstance(ok2, Exception)
+    assert {t.session_id for t in store.turns()} == {"a", "b"}

@@ -1,0 +1,38 @@
+"""Building the TorchTrainer from TrainConfig (no cluster needed): scaling, run config, V2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.config import TrainConfig
+from core.storage import StorageLayout
+
+
+@pytest.mark.parametrize("workers", [2, (1, 3)])
+def test_build_trainer_fixed_or_elastic_workers(tmp_path: Path, workers) -> None:
+    from train.job import build_trainer
+
+    cfg = TrainConfig(num_workers=workers, cpus_per_worker=0.5)
+    trainer = build_trainer(cfg, model_path="m", storage=StorageLayout(tmp_path), max_steps=3, run_name="r")
+    scaling = trainer.scaling_config
+    assert scaling.num_workers == workers and scaling.resources_per_worker == {"CPU": 0.5}
+    assert trainer.run_config.name == "r"
+    assert Path(trainer.run_config.storage_path) == tmp_path / "checkpoints"
+    assert trainer.train_loop_config["max_steps"] == 3
+
+
+def test_train_v2_is_enabled_by_importing_train_job() -> None:
+    import importlib
+    import os
+
+    importlib.import_module("train.job")  # first: it sets the flag before ray.train is imported
+    from ray.train.v2._internal.constants import is_v2_enabled
+
+    assert os.environ["RAY_TRAIN_V2_ENABLED"] == "1" and is_v2_enabled()
+
+
+def test_elastic_workers_from_yaml_list() -> None:
+    cfg = TrainConfig.model_validate({"num_workers": [1, 4]})
+    assert tuple(cfg.num_workers) == (1, 4)
