@@ -36,7 +36,7 @@ def demo_config(cfg: ClawrayConfig) -> ClawrayConfig:
     data["proxy"]["session_idle_timeout_s"] = 60
     data["scheduler"].update(mode="auto", sleep_start=None, sleep_end=None, idle_minutes=0.25,
                              min_window_minutes=0, poll_s=1)
-    data["evolver"].update(every_n_turns=3, on_session_end=True, failure_rate_threshold=1.0)
+    data["evolver"].update(every_n_turns=0, on_session_end=True, failure_rate_threshold=1.0)
     data["train"].update(min_fresh_samples=4, max_steps_per_window=3, batch_size=8)
     return config_from_dict(data, "demo")
 
@@ -93,11 +93,16 @@ class Demo:
         task = progress.add_task(f"{day.id}: {len(USERS)} users × {len(day.rounds)} rounds",
                                  total=len(USERS) * len(day.rounds))
         adapter = self._health().get("active_adapter")
-        results = asyncio.run(run_day(self.system.base_url, self.workload, day, USERS, ws_root,
-                                      on_result=lambda r: progress.advance(task)))
-        progress.update(task, description=f"{day.id}: scoring and distilling skills")
-        _wait(self._outbox_drained, 120)
-        time.sleep(2)  # the PRM hands each scored turn to the Evolver right after storing it
+        results = []
+        # The first user starts the day alone and the team follows, as a new habit spreads: lessons the
+        # first session teaches become skills (a new generation) before the others' turns are served, so
+        # those turns are query samples of a stable generation rather than all retired at once.
+        for group in (USERS[:1], USERS[1:]):
+            results += asyncio.run(run_day(self.system.base_url, self.workload, day, group, ws_root,
+                                           on_result=lambda r: progress.advance(task)))
+            progress.update(task, description=f"{day.id}: scoring and distilling skills")
+            _wait(self._outbox_drained, 120)
+            time.sleep(3)  # the PRM hands each scored turn to the Evolver right after storing it
         skills = ray.get(self._h("Evolver").stats.remote())
         replay = ray.get(self._h("Replay").stats.remote())["by_state"]
         progress.update(task, description=f"{day.id}: done")
@@ -156,7 +161,8 @@ class Demo:
 
     def print_summary(self) -> None:
         t = Table(title="clawray demo: one simulated workday per row")
-        cols = [("day", "day"), ("mean reward", "mean_score"), ("passed", "passed"), ("skills", "skills"),
+        cols = [("day", "day"), ("mean reward", "mean_score"), ("passed", "passed"), ("failed requests", "errors"),
+                ("skills", "skills"),
                 ("generation", "generation"), ("adapter served", "adapter"), ("support", "support"),
                 ("retired", "retired"), ("trained after", "trained"), ("GRPO steps", "steps"),
                 ("published", "new_adapters")]
@@ -173,4 +179,7 @@ def run_demo(cfg: ClawrayConfig, workload: Path | None = None, console: Console 
     cfg = demo_config(cfg)
     for k, v in runtime_env_vars(cfg).items():
         os.environ.setdefault(k, v)
-    Demo(cfg, workload or DEFAULT_WORKLOAD, console or Console()).run()
+    console = console or Console()
+    if console.width < 140:  # the summary table has 12 columns; don't squash it in a pipe or CI log
+        console = Console(width=140)
+    Demo(cfg, workload or DEFAULT_WORKLOAD, console).run()

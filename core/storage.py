@@ -55,6 +55,7 @@ def atomic_write_text(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; these files are meant to be read by other tools
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -130,7 +130,7 @@ class TemplateRetriever:
         ids = self._tok_cache.get(key)
         if ids is None:
             toks = set(tokenize(f"{skill.name.replace('-', ' ')} {skill.description} {skill.body}"))
-            ids = np.array(sorted(self._vocab.setdefault(t, len(self._vocab)) for t in toks), dtype=np.int64)
+            ids = np.array(sorted(self._vocab.setdefault(t, len(self._vocab)) for t in toks), dtype=np.int32)
             self._tok_cache[key] = ids
         return ids
 
@@ -141,10 +141,10 @@ class TemplateRetriever:
         if per_skill:
             ids = np.concatenate(per_skill)
             rows = np.repeat(np.arange(len(per_skill)), [a.size for a in per_skill])
-            order = np.argsort(ids, kind="stable")
+            order = np.argsort(ids)  # order within one token id is irrelevant to the counts
             ids, rows = ids[order], rows[order]
         else:
-            ids = rows = np.zeros(0, dtype=np.int64)
+            ids, rows = np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64)
         if len(self._tok_cache) > 1.25 * len(keys) + 64:  # forget removed skills now and then
             live = set(keys)
             self._tok_cache = {k: v for k, v in self._tok_cache.items() if k in live}
@@ -155,7 +155,7 @@ class TemplateRetriever:
             return []
         groups, post_ids, post_rows = self._index
         q_ids = np.array(sorted({self._vocab[t] for t in tokenize(query) if t in self._vocab}),
-                         dtype=np.int64)
+                         dtype=np.int32)
         scores = overlap_scores(post_ids, post_rows, q_ids, len(groups.skills))
         task = detect_task_type(query, available=groups.by_category)
         picked = list(top_k_indices(scores, groups.general, top_k))

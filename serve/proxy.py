@@ -274,8 +274,9 @@ class Proxy(ProxyImpl):
         try:
             info = await asyncio.wait_for(self.engine.models.remote(), 5)
         except Exception as e:  # noqa: BLE001 - any engine failure means "unhealthy", reported not raised
-            return JSONResponse({"status": "unhealthy", "engine": type(e).__name__}, 503)
-        return {"status": "ok", "active_adapter": info["active"], "outbox": self.dispatcher.dispatched}
+            return JSONResponse({"status": "unhealthy", "engine": type(e).__name__}, 503, headers=self.headers)
+        return JSONResponse({"status": "ok", "active_adapter": info["active"],
+                             "outbox": self.dispatcher.dispatched}, headers=self.headers)
 
     @app.post("/v1/sessions/{session_id}/end")
     async def end_session(self, session_id: str, request: Request):
