@@ -112,15 +112,15 @@ def write_report(storage_root: Path, out: Path) -> Path:
         colors = ["tab:gray" if r["state"] in ("retired", "support", "masked") else "tab:blue" for r in rewards]
         ax1.scatter(xs, ys, s=12, c=colors, alpha=0.6, label="sample reward (grey: retired/support/masked)")
         ax1.plot(xs, rolling_mean(ys), color="tab:red", lw=2, label="rolling mean (8)")
-    for start, end, ev in windows:
+    for start, end, _ in windows:
         x1 = (start - t0) / 60
         x2 = ((end or max(times or [start])) - t0) / 60
         for ax in (ax1, ax2):
             ax.axvspan(x1, max(x2, x1 + 0.05), color="tab:green", alpha=0.15)
-    for t, name in adapters:
+    for i, (t, name) in enumerate(adapters):
         ax1.axvline((t - t0) / 60, color="tab:purple", ls="--", lw=1)
-        ax1.annotate(name, ((t - t0) / 60, 1.02), xycoords=("data", "axes fraction"), rotation=30,
-                     fontsize=8, color="tab:purple")
+        ax1.annotate(name, ((t - t0) / 60, 1.02 + 0.06 * (i % 2)), xycoords=("data", "axes fraction"),
+                     fontsize=8, color="tab:purple", ha="center")
     ax1.set_ylabel("reward")
     ax1.set_title("clawray: reward, training windows (green) and adapter versions (purple)", pad=28)
     ax1.legend(loc="lower right", fontsize=8)

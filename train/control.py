@@ -23,10 +23,16 @@ def control_name(run_name: str) -> str:
 @ray.remote(num_cpus=0, max_restarts=-1)
 class TrainControl:
     def __init__(self) -> None:
+        from ray.util import metrics
+
         self._stop = False
         self._steps: list[dict[str, Any]] = []
         self._state = "idle"
         self._since = time.time()
+        # Exported from here (one per run) so the dashboard shows training without Ray Train internals.
+        self._gauges = {k: metrics.Gauge(f"clawray_train_{k}", description=f"last GRPO step: {k}")
+                        for k in ("loss", "reward_mean", "step_s", "kl", "clip_frac", "tokens_trained")}
+        self._steps_total = metrics.Counter("clawray_train_steps", description="GRPO steps completed")
 
     def reset(self) -> None:
         """Called when a run (re)starts: a stop asked of a previous window must not stop this one."""
@@ -40,6 +46,10 @@ class TrainControl:
 
     def record_step(self, metrics: dict[str, Any]) -> None:
         self._steps.append(metrics)
+        for k, g in self._gauges.items():
+            if isinstance(metrics.get(k), int | float):
+                g.set(float(metrics[k]))
+        self._steps_total.inc()
 
     def set_state(self, state: str) -> None:
         self._state, self._since = state, time.time()
