@@ -34,10 +34,10 @@ setup: $(STAMP) $(MODEL)
 model: $(MODEL)
 
 test: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not soak" $(PYTEST_ARGS)
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not soak" $(PYTEST_ARGS)
 
 demo: setup
 	$(BIN)/python -m cluster.cli demo

@@ -145,6 +145,22 @@ class PassThrough:
         return JSONResponse(reply.body)
 
 
+# ---- co-located: the Proxy with the engine in its own replica (no handle hop) ---------------------------
+
+def _colocated_cls():
+    from serve.local_handle import LocalHandle
+    from serve.proxy import Proxy
+
+    class ColocatedProxy(Proxy.func_or_class):
+        async def __init__(self, make_engine, *args):
+            engine = make_engine()
+            if hasattr(engine, "start"):
+                await engine.start()
+            await super().__init__(LocalHandle(engine), *args)
+
+    return ColocatedProxy
+
+
 # ---- load ----------------------------------------------------------------------------------------------
 
 async def _load(url: str, c: int, duration: float, payload: dict, warmup: float = 0.5) -> dict[str, Any]:
@@ -153,13 +169,14 @@ async def _load(url: str, c: int, duration: float, payload: dict, warmup: float 
 
     data = json.dumps(payload).encode()
     lat: list[float] = []
-    errors = 0
+    errors = total = 0
+    statuses: dict[int, int] = {}
     t_start = time.perf_counter()
     t_measure, t_end = t_start + warmup, t_start + warmup + duration
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=c)) as http:
 
         async def worker(i: int) -> None:
-            nonlocal errors
+            nonlocal errors, total
             headers = {"Content-Type": "application/json", "X-Session-Id": f"bench-{c}-{i}-{t_start}"}
             while True:
                 t0 = time.perf_counter()
@@ -168,7 +185,10 @@ async def _load(url: str, c: int, duration: float, payload: dict, warmup: float 
                 async with http.post(url, data=data, headers=headers) as r:
                     await r.read()
                     ok = r.status == 200
+                    if not ok:
+                        statuses[r.status] = statuses.get(r.status, 0) + 1
                 t1 = time.perf_counter()
+                total += 1
                 if t0 >= t_measure:
                     if ok:
                         lat.append(t1 - t0)
@@ -177,66 +197,130 @@ async def _load(url: str, c: int, duration: float, payload: dict, warmup: float 
 
         await asyncio.gather(*(worker(i) for i in range(c)))
     lat.sort()
-    q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else [lat[0]] * 99
-    return {"c": c, "n": len(lat), "errors": errors, "rps": len(lat) / duration,
+    q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else (lat or [float("nan")]) * 99
+    return {"c": c, "n": len(lat), "errors": errors, "error_statuses": statuses,
+            "rps": len(lat) / duration, "total": total,
             "p50_ms": 1000 * q[49], "p99_ms": 1000 * q[98]}
 
 
-def _deploy(engine_dep, storage: str, port: int) -> dict[str, str]:
-    """Engine app (direct), floor app and clawray Proxy app, the latter two with a handle to the engine."""
-    from core.config import ProxyConfig, SkillsConfig
-    from serve.proxy import PROXY_REPLICA_ENV, Proxy
+ROLES = {"http": ("ProxyActor", "haproxy"), "engine": ("ServeReplica:bench-engine:",),
+         "floor": ("ServeReplica:bench-floor:",), "proxy": ("ServeReplica:bench-proxy:",),
+         "colo": ("ServeReplica:bench-colo:",)}  # co-located: Proxy + engine, one replica
+
+
+def _processes() -> dict[str, list]:
+    """Our own Ray processes by role (descendants of this driver: other clusters on the host excluded)."""
+    import psutil
+
+    out: dict[str, list] = {r: [] for r in ROLES}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        for role, needles in ROLES.items():
+            if any(n in cmd for n in needles):
+                out[role].append(p)
+    return out
+
+
+def _cpu(procs: dict[str, list]) -> dict[str, float]:
+    import psutil
+
+    out = {}
+    for role, ps in procs.items():
+        total = 0.0
+        for p in ps:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                continue
+        out[role] = total
+    return out
+
+
+def _deploy(engine_dep, cfg, port: int, colocate=None) -> dict[str, str]:
+    """Engine app (direct), floor app and the clawray Proxy app (built by the production builder), the
+    latter two with a handle to the engine."""
+    from cluster.serve_app import build_proxy
 
     serve.run(engine_dep, name="bench-engine", route_prefix="/direct")
     engine = serve.get_deployment_handle("Engine", app_name="bench-engine")
     serve.run(PassThrough.bind(engine), name="bench-floor", route_prefix="/floor")
-    proxy_cfg = ProxyConfig(api_key_env=None, admin_key_env="CLAWRAY_BENCH_ADMIN_UNSET").model_dump()
-    opts = {"num_cpus": 0.5, "runtime_env": {"env_vars": dict(PROXY_REPLICA_ENV)}}
-    serve.run(Proxy.options(ray_actor_options=opts).bind(
-        engine, proxy_cfg, SkillsConfig().model_dump(), storage), name="bench-proxy", route_prefix="/")
+    serve.run(build_proxy(cfg, engine), name="bench-proxy", route_prefix="/")
     base = f"http://127.0.0.1:{port}"
-    return {"direct": f"{base}/direct/v1/chat/completions", "floor": f"{base}/floor/v1/chat/completions",
+    urls = {"direct": f"{base}/direct/v1/chat/completions", "floor": f"{base}/floor/v1/chat/completions",
             "proxy": f"{base}/v1/chat/completions"}
+    if colocate is not None:
+        from serve.proxy import PROXY_REPLICA_ENV
+
+        dep = serve.deployment(name="Colocated", max_ongoing_requests=256)(_colocated_cls()).options(
+            ray_actor_options={"num_cpus": 0.5, "runtime_env": {"env_vars": dict(PROXY_REPLICA_ENV)}})
+        serve.run(dep.bind(colocate, cfg.proxy.model_dump(), cfg.skills.model_dump(), str(cfg.storage_path())),
+                  name="bench-colo", route_prefix="/colo")
+        urls["colocated"] = f"{base}/colo/v1/chat/completions"
+    return urls
 
 
 def _measure(urls: dict[str, str], engine: str, payload: dict, duration: float) -> list[dict[str, Any]]:
-    rows = []
+    import psutil
+
+    rows, procs, me = [], _processes(), psutil.Process()
+    for url in urls.values():  # first requests are slow (vLLM's first generate, connection set-up)
+        asyncio.run(_load(url, 1, 2.0, payload, warmup=0.0))
     for c in CONCURRENCY:
-        for path in ("direct", "floor", "proxy"):
+        for path in [p for p in ("direct", "floor", "proxy", "colocated") if p in urls]:
+            cpu0, own0 = _cpu(procs), sum(me.cpu_times()[:2])
             r = asyncio.run(_load(urls[path], c, duration, payload))
+            cpu1, own1 = _cpu(procs), sum(me.cpu_times()[:2])
+            n = max(r.pop("total"), 1)
+            ingress = {"direct": "engine", "floor": "floor", "proxy": "proxy", "colocated": "colo"}[path]
+            r["cpu_ms"] = {"http_proxy": 1000 * (cpu1["http"] - cpu0["http"]) / n,
+                           "ingress": 1000 * (cpu1[ingress] - cpu0[ingress]) / n if path != "direct" else 0.0,
+                           "engine": 1000 * (cpu1["engine"] - cpu0["engine"]) / n if path != "colocated" else 0.0,
+                           "client": 1000 * (own1 - own0) / n}
             rows.append({"engine": engine, "path": path, **r})
+            cm = r["cpu_ms"]
             print(f"  {engine:5s} {path:6s} c={c:<3d} p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  "
-                  f"{r['rps']:7.1f} req/s  errors {r['errors']}", flush=True)
+                  f"{r['rps']:7.1f} req/s  err {r['errors']} {r['error_statuses'] or ''}  CPU ms/req: http {cm['http_proxy']:.2f} "
+                  f"ingress {cm['ingress']:.2f} engine {cm['engine']:.2f} client {cm['client']:.2f}", flush=True)
     return rows
 
 
 def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per engine and concurrency: proxy vs direct and vs floor (added p50, p50 ratio, throughput ratio)."""
+    """Per engine, concurrency and clawray path (proxy, colocated): versus direct and versus the floor."""
     out = []
     by = {(r["engine"], r["c"], r["path"]): r for r in rows}
-    for engine, c in sorted({(r["engine"], r["c"]) for r in rows}):
-        d, f, p = by[(engine, c, "direct")], by[(engine, c, "floor")], by[(engine, c, "proxy")]
+    for engine, c, path in sorted({(r["engine"], r["c"], r["path"]) for r in rows}):
+        if path not in ("proxy", "colocated"):
+            continue
+        d, f, p = by[(engine, c, "direct")], by[(engine, c, "floor")], by[(engine, c, path)]
         out.append({
-            "engine": engine, "c": c,
+            "engine": engine, "c": c, "path": path,
             "added_p50_vs_direct_ms": p["p50_ms"] - d["p50_ms"],
-            "added_p50_vs_floor_ms": p["p50_ms"] - f["p50_ms"],
             "p50_over_floor": p["p50_ms"] / f["p50_ms"],
             "rps_vs_direct": p["rps"] / d["rps"],
             "rps_vs_floor": p["rps"] / f["rps"],
+            "cpu_ms_per_req": sum(p["cpu_ms"][k] for k in ("http_proxy", "ingress", "engine")),
+            "cpu_ms_per_req_direct": sum(d["cpu_ms"][k] for k in ("http_proxy", "ingress", "engine")),
         })
     return out
 
 
 def _markdown(rows, summary, meta) -> str:
-    lines = [f"# Proxy overhead ({meta['mode']}, {meta['duration_s']} s per point, {os.cpu_count()} cores)", "",
-             "| engine | c | path | p50 ms | p99 ms | req/s | errors |", "|---|---|---|---|---|---|---|"]
+    lines = [f"# Proxy overhead ({meta['mode']}, {meta['duration_s']} s per point, {meta['cores']} cores, "
+             f"load average at start {meta['loadavg']:.1f})", "",
+             "| engine | c | path | p50 ms | p99 ms | req/s | errors | CPU ms/req: HTTP proxy | ingress | engine |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['engine']} | {r['c']} | {r['path']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-              f"{r['rps']:.1f} | {r['errors']} |" for r in rows]
-    lines += ["", "| engine | c | proxy p50 − direct (ms) | proxy p50 − floor (ms) | proxy p50 / floor | "
-              "proxy req/s / direct | proxy req/s / floor |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {s['engine']} | {s['c']} | {s['added_p50_vs_direct_ms']:+.2f} | "
-              f"{s['added_p50_vs_floor_ms']:+.2f} | {s['p50_over_floor']:.2f}× | {s['rps_vs_direct']:.0%} | "
-              f"{s['rps_vs_floor']:.0%} |" for s in summary]
+              f"{r['rps']:.1f} | {r['errors']} | {r['cpu_ms']['http_proxy']:.2f} | {r['cpu_ms']['ingress']:.2f} | "
+              f"{r['cpu_ms']['engine']:.2f} |" for r in rows]
+    lines += ["", "| engine | c | clawray path | p50 − direct (ms) | p50 / floor | req/s vs direct | "
+              "req/s vs floor | server CPU ms/req (direct) |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {s['engine']} | {s['c']} | {s['path']} | {s['added_p50_vs_direct_ms']:+.2f} | "
+              f"{s['p50_over_floor']:.2f}× | {s['rps_vs_direct']:.0%} | {s['rps_vs_floor']:.0%} | "
+              f"{s['cpu_ms_per_req']:.2f} ({s['cpu_ms_per_req_direct']:.2f}) |" for s in summary]
     return "\n".join(lines) + "\n"
 
 
@@ -245,13 +329,38 @@ def _print_table(summary) -> None:
     from rich.table import Table
 
     t = Table(title="clawray Proxy overhead")
-    for col in ("engine", "c", "p50 +direct ms", "p50 +floor ms", "p50/floor", "rps/direct", "rps/floor"):
+    for col in ("engine", "c", "path", "p50 −direct ms", "p50/floor", "rps/direct", "rps/floor", "CPU ms/req"):
         t.add_column(col, justify="right")
     for s in summary:
-        t.add_row(s["engine"], str(s["c"]), f"{s['added_p50_vs_direct_ms']:+.2f}",
-                  f"{s['added_p50_vs_floor_ms']:+.2f}", f"{s['p50_over_floor']:.2f}×",
-                  f"{s['rps_vs_direct']:.0%}", f"{s['rps_vs_floor']:.0%}")
+        t.add_row(s["engine"], str(s["c"]), s["path"], f"{s['added_p50_vs_direct_ms']:+.2f}",
+                  f"{s['p50_over_floor']:.2f}×", f"{s['rps_vs_direct']:.0%}", f"{s['rps_vs_floor']:.0%}",
+                  f"{s['cpu_ms_per_req']:.2f} ({s['cpu_ms_per_req_direct']:.2f})")
     Console().print(t)
+
+
+def _run(cfg, real: bool, port: int, duration: float) -> list[dict[str, Any]]:
+    payload = {"model": "clawray-policy", "messages": MESSAGES, "max_tokens": 8}
+    urls = _deploy(FakeEngine.bind(), cfg, port, colocate=FakeEngineImpl)
+    rows = _measure(urls, "fake", payload, duration)
+    if not real:
+        return rows
+    from cluster.serve_app import build_colocated, check_serving_config, engine_env
+
+    check_serving_config(cfg)
+    for app in ("bench-colo", "bench-proxy", "bench-floor", "bench-engine"):
+        serve.delete(app)
+    dep = _real_engine_cls().options(ray_actor_options={"num_cpus": 1, "runtime_env": {"env_vars": engine_env(cfg)}})
+    urls = _deploy(dep.bind(cfg.model_path(), cfg.model.model_dump(), cfg.engine.model_dump(),
+                            str(cfg.storage_path())), cfg, port)
+    tiny = _measure(urls, "tiny", payload, duration)
+    # Co-located has its own vLLM: measured after the others are gone (one engine on the cores at a time).
+    for app in ("bench-proxy", "bench-floor", "bench-engine"):
+        serve.delete(app)
+    serve.run(build_colocated(cfg), name="bench-colo", route_prefix="/colo")
+    colo = _measure({"colocated": f"http://127.0.0.1:{port}/colo/v1/chat/completions"}, "tiny", payload,
+                    duration)
+    by_c = {r["c"]: r for r in colo}
+    return rows + [r for c in CONCURRENCY for r in [*(x for x in tiny if x["c"] == c), by_c[c]]]
 
 
 def main() -> None:
@@ -271,32 +380,21 @@ def main() -> None:
     cfg = load_config(REPO / "configs" / "local.yaml")
     ray.init(address="local", num_cpus=8, namespace="clawray-bench", include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
-    rows: list[dict[str, Any]] = []
     storage = tempfile.mkdtemp(prefix="clawray-bench-")
+    load0 = os.getloadavg()[0]
+    # No API key on loopback; the admin routes stay off. Everything else is the embedded default.
+    cfg = cfg.model_copy(update={"storage_root": storage, "proxy": cfg.proxy.model_copy(
+        update={"api_key_env": None, "admin_key_env": "CLAWRAY_BENCH_NO_ADMIN"})})
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": args.port})
-        if True:
-            payload = {"model": "clawray-policy", "messages": MESSAGES, "max_tokens": 8}
-            urls = _deploy(FakeEngine.bind(), storage, args.port)
-            rows += _measure(urls, "fake", payload, args.duration)
-            if args.real:
-                from cluster.serve_app import check_serving_config, engine_env
-
-                check_serving_config(cfg)
-                real = _real_engine_cls().options(ray_actor_options={
-                    "num_cpus": 1, "runtime_env": {"env_vars": engine_env(cfg)}}).bind(
-                    cfg.model_path(), cfg.model.model_dump(), cfg.engine.model_dump(), storage)
-                for app in ("bench-proxy", "bench-floor", "bench-engine"):
-                    serve.delete(app)
-                urls = _deploy(real, storage, args.port)
-                rows += _measure(urls, "tiny", payload, args.duration)
+        rows = _run(cfg, args.real, args.port, args.duration)
     finally:
         serve.shutdown()
         ray.shutdown()
         shutil.rmtree(storage, ignore_errors=True)  # after shutdown: replicas write into it until then
     summary = _summary(rows)
     meta = {"mode": "HAProxy ingress" if args.ha_proxy else "default Serve HTTP proxy",
-            "duration_s": args.duration, "cores": os.cpu_count(), "time": time.time()}
+            "duration_s": args.duration, "cores": os.cpu_count(), "time": time.time(), "loadavg": load0}
     OUT.mkdir(parents=True, exist_ok=True)
     stem = "proxy_overhead-haproxy" if args.ha_proxy else "proxy_overhead"
     (OUT / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows, "summary": summary}, indent=2))

@@ -1,7 +1,7 @@
 """Skill retrieval latency at 100 / 1,000 / 10,000 skills, both modes, and the cost of adding a skill.
 
     python -m benchmarks.retrieval [--sizes 100,1000,10000] [--queries 300] [--encode-limit 1000]
-                                   [--synthetic-vectors]
+                                   [--synthetic-vectors] [--quick]
 
 Skills are generated synthetically (seeded): pseudo-word descriptions mixed with task keywords, ~30%
 general. Queries are always encoded with the real all-MiniLM-L6-v2 (offline package) unless
@@ -179,7 +179,11 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--encode-limit", type=int, default=1000, help="largest size encoded by the model")
     ap.add_argument("--synthetic-vectors", action="store_true", help="random vectors instead of the model")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 100 and 1,000 skills, 100 queries, model-encoded skills only at 100")
     args = ap.parse_args()
+    if args.quick:
+        args.sizes, args.queries, args.encode_limit = "100,1000", 100, 100
     sizes = [int(x) for x in args.sizes.split(",")]
     model = EmbeddingCache(RandomEmbedder() if args.synthetic_vectors else SentenceEmbedder())
     random_cache = EmbeddingCache(RandomEmbedder(seed=3))

@@ -51,10 +51,20 @@ class ControllerActor:
         self.history: list[dict[str, Any]] = saved.get("history", [])
         self.job = None
         self.current: dict[str, Any] | None = None
-        if saved.get("current"):  # we died while a job ran: its samples return when leases expire
-            self._event("run_lost", run=saved["current"].get("run"))
+        # We died while a job ran (it died with us: Ray Train's controller and workers are owned by this
+        # process). `tick` resumes it if its window is still open; its leases are freed by that resume.
+        self._lost: dict[str, Any] | None = saved.get("current")
+        if self._lost:
+            self._event("run_lost", run=self._lost.get("run"))
         self._save()
         self._loop: asyncio.Task | None = None
+        # Ray runs an async actor's constructor on the actor's event loop: start the control loop here,
+        # so a Controller restarted after a crash (max_restarts) ticks again without anyone calling
+        # `ready()`. Outside a loop (plain construction in tests) `ready()` starts it.
+        try:
+            self._loop = asyncio.get_running_loop().create_task(self._run())
+        except RuntimeError:
+            pass
 
     # ---- persistence ------------------------------------------------------------------------------
 
@@ -133,7 +143,22 @@ class ControllerActor:
         stats = await replay.stats.remote()
         return int(stats.get("trainable", 0))  # fresh samples of the current skill generation
 
+    async def _recover(self) -> None:
+        """Once after a restart: a window run we lost is resumed while OMLS still holds the window open;
+        a window that closed meanwhile is acknowledged, so OMLS does not wait in PAUSING forever."""
+        st = await self._omls("state")
+        if st is None:
+            return  # no OMLS (yet): try again next tick
+        if self._lost.get("reason") == "window" and self.cfg.scheduler.mode == "auto":
+            if st.get("state") in ("window_open", "updating"):
+                await self._start("window")  # the same run name resumes from its last checkpoint
+            elif st.get("state") == "pausing":
+                await self._omls("training_stopped")
+        self._lost = None  # only now: a failed resume (raised above) is tried again next tick
+
     async def tick(self) -> None:
+        if self._lost is not None:
+            await self._recover()
         await self._reap()
         mode = self.cfg.scheduler.mode
         actions = await self._omls("pending_actions") or []
@@ -186,6 +211,7 @@ class ControllerActor:
             "running": bool(self.job is not None and self.job.running),
             "current": self.current,
             "runs": self.runs,
+            "loop": self._loop is not None and not self._loop.done(),
             "job": job,
             "last_run": next((h for h in reversed(self.history) if h["event"] == "run_finished"), None),
         }

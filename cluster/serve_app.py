@@ -2,6 +2,8 @@
 
 The engine deployment is `PolicyEngine` (vLLM in-process) for `engine.backend: vllm` and
 `UpstreamEngine` (an external OpenAI-compatible API, deployed under the same name) for `upstream`.
+With `proxy.colocate: true` there is one deployment, `PolicyEngine`, serving the Proxy's routes with the
+engine in-process (serve/colocated.py).
 
 `serve run configs/serve.yaml` imports `cluster.serve_app:build` with `args: {config: ...}`.
 """
@@ -79,9 +81,32 @@ def build_proxy(cfg: ClawrayConfig, engine: Any, sink_actors: list[str] | None =
     ).bind(engine, cfg.proxy.model_dump(), cfg.skills.model_dump(), str(cfg.storage_path()), sink_actors)
 
 
+def build_colocated(cfg: ClawrayConfig, sink_actors: list[str] | None = None):
+    """`proxy.colocate`: one deployment (`PolicyEngine`) serving the Proxy's routes with the engine
+    in-process; it takes the engine's replicas and resources plus the proxy's CPUs."""
+    from serve.colocated import Colocated
+    from serve.proxy import PROXY_REPLICA_ENV
+
+    storage = str(cfg.storage_path())
+    if cfg.engine.backend == "upstream":
+        args: tuple = (cfg.model.model_dump(), cfg.engine.model_dump())
+        env = dict(PROXY_REPLICA_ENV)
+    else:
+        args = (cfg.model_path(), cfg.model.model_dump(), cfg.engine.model_dump(), storage)
+        env = {**engine_env(cfg), **PROXY_REPLICA_ENV}
+    return Colocated.options(
+        num_replicas=cfg.engine.num_replicas,
+        max_ongoing_requests=cfg.proxy.max_concurrent_requests,
+        ray_actor_options={"num_cpus": cfg.engine.num_cpus + cfg.proxy.num_cpus,
+                           "num_gpus": cfg.engine.num_gpus, "runtime_env": {"env_vars": env}},
+    ).bind(cfg.engine.backend, args, cfg.proxy.model_dump(), cfg.skills.model_dump(), storage, sink_actors)
+
+
 def build_app(cfg: ClawrayConfig, sink_actors: list[str] | None = None):
     """The bound Serve application for `cfg` (validated first)."""
     check_serving_config(cfg)
+    if cfg.proxy.colocate:
+        return build_colocated(cfg, sink_actors)
     return build_proxy(cfg, build_engine(cfg), sink_actors)
 
 

@@ -88,6 +88,8 @@ class ProxyConfig(Section):
     num_cpus: float = Field(default=0.5, gt=0)
     session_idle_timeout_s: float = Field(default=600.0, gt=0)
     max_concurrent_requests: int = Field(default=256, ge=1)
+    # Proxy logic in the engine's replica (no deployment-handle hop; see docs/serving.md "Co-located").
+    colocate: bool = False
 
 
 class SkillsConfig(Section):

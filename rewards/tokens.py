@@ -9,6 +9,7 @@ context limit.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 Keep = Literal["head", "tail", "middle"]
@@ -81,10 +82,33 @@ class HFTokens(_Pieces):
         return self.tokenizer.decode(pieces, skip_special_tokens=False)
 
 
+class _RustTokenizer:
+    """A `tokenizers.Tokenizer` (what transformers' fast tokenizers wrap) with their encode/decode calls."""
+
+    def __init__(self, tok: Any):
+        self.tok = tok
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
 def load_tokens(path: str | None) -> WhitespaceTokens | HFTokens:
-    """HFTokens for a local tokenizer folder (never downloads), WhitespaceTokens for None."""
+    """HFTokens for a local tokenizer folder (never downloads), WhitespaceTokens for None.
+
+    A folder with `tokenizer.json` is read by the `tokenizers` library directly: the same token ids as
+    transformers' fast tokenizer, loaded in ~0.05 s instead of the 5-12 s that importing transformers
+    takes on a busy 2-core machine, which sits on a restarted PRM actor's recovery path.
+    """
     if not path:
         return WhitespaceTokens()
-    from transformers import AutoTokenizer  # heavy import: only when a tokenizer is asked for
+    fast = Path(path) / "tokenizer.json"
+    if fast.is_file():
+        from tokenizers import Tokenizer
+
+        return HFTokens(_RustTokenizer(Tokenizer.from_file(str(fast))))
+    from transformers import AutoTokenizer  # heavy import: only for folders without tokenizer.json
 
     return HFTokens(AutoTokenizer.from_pretrained(path, local_files_only=True))

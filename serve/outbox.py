@@ -66,23 +66,40 @@ class ActorPoolSink:
 
 
 class Dispatcher:
-    """Background loop of one Proxy replica: flush idle sessions, drain the outbox into the sink."""
+    """Background loop of one Proxy replica: flush idle sessions, drain the outbox into the sink.
+
+    Claims are short leases (`lease_s`) that a heartbeat renews while the sink call runs (a judge may
+    take minutes): when a replica dies mid-dispatch, its turns are claimable by the other (or the
+    restarted) replica within `lease_s` instead of after the longest possible sink call. A renewal that
+    comes late at worst delivers a turn twice, which sinks ignore (idempotent per `turn_id`).
+    """
 
     def __init__(self, store: SessionStore, sink: TurnSink, idle_s: float, interval_s: float = 0.5,
-                 batch: int = 16, lease_s: float = 300.0, retry_s: float = 5.0):
+                 batch: int = 16, lease_s: float = 15.0, retry_s: float = 5.0):
         self.store, self.sink = store, sink
         self.idle_s, self.interval_s, self.batch = idle_s, interval_s, batch
         self.lease_s, self.retry_s = lease_s, retry_s
         self.dispatched = 0
         self.failures = 0
-        self._task: asyncio.Task | None = None
+        self._inflight: set[str] = set()  # claimed turn ids whose sink call has not returned yet
+        self._tasks: list[asyncio.Task] = []
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._run()), loop.create_task(self._heartbeat())]
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            if self._inflight:
+                try:
+                    await asyncio.to_thread(self.store.extend, list(self._inflight), self.lease_s)
+                except Exception:  # noqa: BLE001 - a missed renewal only risks a duplicate delivery
+                    log.exception("outbox lease renewal failed")
 
     async def drain_once(self) -> int:
         await asyncio.to_thread(self.store.flush_idle, self.idle_s)
@@ -90,6 +107,7 @@ class Dispatcher:
         if not turns:
             return 0
         ids = [t.turn_id for t in turns]
+        self._inflight.update(ids)
         try:
             await self.sink.submit(turns)
         except Exception as e:  # noqa: BLE001 - any sink failure means "retry later", never "drop"
@@ -98,6 +116,8 @@ class Dispatcher:
                         len(turns), type(e).__name__, e, self.retry_s)
             await asyncio.to_thread(self.store.release, ids, self.retry_s)
             return 0
+        finally:
+            self._inflight.difference_update(ids)
         await asyncio.to_thread(self.store.mark_dispatched, ids)
         self.dispatched += len(ids)
         return len(ids)

@@ -221,21 +221,24 @@ def _stream_error(anthropic: bool, status: int, message: str) -> str:
 @serve.deployment(name="Proxy", max_ongoing_requests=512)
 @serve.ingress(app)
 class Proxy(ProxyImpl):
+    """Route handlers are named `http_*` / `admin_*` so that a co-located replica (serve/colocated.py) can
+    also offer the engine's handle methods (`load_adapter`, `activate`, ...) under their own names."""
+
     def __init__(self, *args: Any, **kwargs: Any):
         ProxyImpl.__init__(self, *args, **kwargs)
         self.metrics = ProxyMetrics()
         self.headers = {"X-Clawray-Replica": serve.get_replica_context().replica_id.unique_id}
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(self, request: Request):
+    async def http_chat_completions(self, request: Request):
         return await self.generate(request, anthropic=False)
 
     @app.post("/v1/messages")
-    async def messages(self, request: Request):
+    async def http_messages(self, request: Request):
         return await self.generate(request, anthropic=True)
 
     @app.post("/v1/messages/count_tokens")
-    async def count_tokens(self, request: Request):
+    async def http_count_tokens(self, request: Request):
         t0 = time.perf_counter()
         try:
             self._auth(request)
@@ -253,7 +256,7 @@ class Proxy(ProxyImpl):
         return JSONResponse(result)
 
     @app.get("/v1/models")
-    async def models(self, request: Request):
+    async def http_models(self, request: Request):
         try:
             self._auth(request)
             info = await self.engine.models.remote()
@@ -269,7 +272,7 @@ class Proxy(ProxyImpl):
         return {"object": "list", "data": data}
 
     @app.get("/healthz")
-    async def healthz(self):
+    async def http_healthz(self):
         self._ensure_started()
         try:
             info = await asyncio.wait_for(self.engine.models.remote(), 5)
@@ -279,7 +282,7 @@ class Proxy(ProxyImpl):
                              "outbox": self.dispatcher.dispatched}, headers=self.headers)
 
     @app.post("/v1/sessions/{session_id}/end")
-    async def end_session(self, session_id: str, request: Request):
+    async def http_end_session(self, session_id: str, request: Request):
         try:
             self._auth(request)
         except RequestError as e:
@@ -301,23 +304,23 @@ class Proxy(ProxyImpl):
             return openai_error(503, "the engine is unavailable")
 
     @app.get("/admin/adapters")
-    async def list_adapters(self, request: Request):
+    async def admin_list_adapters(self, request: Request):
         return await self._admin_call(request, "adapters")
 
     @app.post("/admin/adapters/{name}/load")
-    async def load_adapter(self, name: str, request: Request):
+    async def admin_load_adapter(self, name: str, request: Request):
         return await self._admin_call(request, "load_adapter", name)
 
     @app.post("/admin/adapters/{name}/activate")
-    async def activate_adapter(self, name: str, request: Request):
+    async def admin_activate_adapter(self, name: str, request: Request):
         return await self._admin_call(request, "activate", None if name == "base" else name)
 
     @app.delete("/admin/adapters/{name}")
-    async def unload_adapter(self, name: str, request: Request):
+    async def admin_unload_adapter(self, name: str, request: Request):
         return await self._admin_call(request, "unload", name)
 
     @app.get("/admin/sessions/stats")
-    async def session_stats(self, request: Request):
+    async def admin_session_stats(self, request: Request):
         try:
             self._admin(request)
         except RequestError as e:

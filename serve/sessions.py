@@ -147,6 +147,14 @@ class SessionStore:
                 [(time.time(), t) for t in turn_ids],
             )
 
+    def extend(self, turn_ids: list[str], lease_s: float) -> None:
+        """Renew the lease of turns still being dispatched (the claimer's heartbeat)."""
+        with self._tx() as db:
+            db.executemany(
+                "UPDATE turns SET claimed_until=? WHERE turn_id=? AND state='completed'",
+                [(time.time() + lease_s, t) for t in turn_ids],
+            )
+
     def release(self, turn_ids: list[str], retry_in_s: float) -> None:
         """A dispatch failed: make the turns claimable again after `retry_in_s`."""
         with self._tx() as db:

@@ -42,7 +42,7 @@ from serve.upstream_wire import (
 )
 
 log = logging.getLogger("clawray.upstream")
-RETRY_STATUSES = frozenset({429, 502, 503, 504})
+RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})  # transient: the same request may succeed
 CLIENT_STATUSES = frozenset({400, 404, 409, 413, 422})
 MAX_BACKOFF_S = 8.0
 
@@ -72,7 +72,8 @@ class UpstreamEngineImpl:
         payload, asked = upstream_payload(body, self.ep.model, self.caps)
         with self._counted():
             data = await self._json(payload, asked)
-        return Reply(strip_body(data, asked), capture_body(data), body["messages"])
+        cap = capture_body(data)  # before strip_body removes what it reads
+        return Reply(strip_body(data, asked), cap, body["messages"])
 
     async def chat_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
         payload, asked = upstream_payload(body, self.ep.model, self.caps)
@@ -95,7 +96,8 @@ class UpstreamEngineImpl:
         payload, asked = upstream_payload(oai, self.ep.model, self.caps)
         with self._counted():
             data = await self._json(payload, asked)
-        return Reply(openai_to_anthropic(data), capture_body(data), messages)
+        cap = capture_body(data)
+        return Reply(openai_to_anthropic(data), cap, messages)
 
     async def messages_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
         oai, messages = anthropic_to_openai(body)

