@@ -7,7 +7,7 @@ The production path, end to end, on the real tiny model: the trainer's `publish_
 through the Proxy -> clock stops when a reply arrives whose captured turn records that version.
 Measured idle and while 4 streaming clients keep the engine busy.
 
-Usage: python -m benchmarks.hotswap [--versions 5]
+Usage: python -m benchmarks.hotswap [--versions 5] [--quick] [--port N]
 Writes benchmarks/out/hotswap.json and .md.
 """
 
@@ -141,8 +141,17 @@ def _markdown(res: dict[str, Any]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--versions", type=int, default=5, help="swaps per condition (idle, busy)")
-    ap.add_argument("--port", type=int, default=18941)
+    ap.add_argument("--quick", action="store_true", help="smoke run: 2 swaps per condition")
+    ap.add_argument("--port", type=int, default=None, help="HTTP port (default: a free one)")
     args = ap.parse_args()
+    if args.quick:
+        args.versions = 2
+    if args.port is None:
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            args.port = sock.getsockname()[1]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import ray
 

@@ -11,7 +11,7 @@ client at concurrency 1, 16 and 64 (non-streaming OpenAI chat completions):
 and two engines: an instant fake (`FakeEngine`: returns a canned reply and a fake token capture, so the
 proxy is what is measured) and the real tiny model on vLLM (`--real`, on by default; `--no-real` skips).
 
-Usage: python -m benchmarks.proxy_overhead [--duration 3] [--no-real] [--ha-proxy]
+Usage: python -m benchmarks.proxy_overhead [--duration 3] [--no-real] [--quick] [--ha-proxy] [--port N]
 Writes benchmarks/out/proxy_overhead{,-haproxy}.json and .md and prints a rich table.
 """
 
@@ -36,6 +36,7 @@ from ray import serve
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "benchmarks" / "out"
 CONCURRENCY = (1, 16, 64)
+KEY_ENV = "CLAWRAY_BENCH_API_KEY"  # the Proxy checks a key, as it must beyond loopback or with HAProxy
 MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
     {"role": "user", "content": "Plan my day: three meetings and a dentist appointment."},
@@ -177,7 +178,8 @@ async def _load(url: str, c: int, duration: float, payload: dict, warmup: float 
 
         async def worker(i: int) -> None:
             nonlocal errors, total
-            headers = {"Content-Type": "application/json", "X-Session-Id": f"bench-{c}-{i}-{t_start}"}
+            headers = {"Content-Type": "application/json", "X-Session-Id": f"bench-{c}-{i}-{t_start}",
+                       "Authorization": f"Bearer {os.environ.get(KEY_ENV, '')}"}
             while True:
                 t0 = time.perf_counter()
                 if t0 >= t_end:
@@ -363,16 +365,43 @@ def _run(cfg, real: bool, port: int, duration: float) -> list[dict[str, Any]]:
     return rows + [r for c in CONCURRENCY for r in [*(x for x in tiny if x["c"] == c), by_c[c]]]
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ha_proxy_env() -> None:
+    """HAProxy mode, read by Serve at start (so before Ray starts). Its stats/metrics ports are fixed by
+    default: free ones, so two runs on one host (other people's clusters) do not collide."""
+    import random
+
+    os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
+    os.environ.setdefault("RAY_SERVE_HAPROXY_STATS_PORT", str(_free_port()))
+    os.environ.setdefault("RAY_SERVE_HAPROXY_METRICS_PORT", str(_free_port()))
+    base = random.randrange(20000, 60000, 200)  # replica ports: [base, base+99] HTTP, then gRPC
+    for name, lo in (("HTTP", base), ("GRPC", base + 100)):
+        os.environ.setdefault(f"RAY_SERVE_DIRECT_INGRESS_MIN_{name}_PORT", str(lo))
+        os.environ.setdefault(f"RAY_SERVE_DIRECT_INGRESS_MAX_{name}_PORT", str(lo + 99))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=3.0, help="seconds measured per point")
     ap.add_argument("--real", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 s per point, instant engine only")
     ap.add_argument("--ha-proxy", action="store_true", help="RAY_SERVE_ENABLE_HA_PROXY=1 (HAProxy ingress)")
-    ap.add_argument("--port", type=int, default=18931)
+    ap.add_argument("--port", type=int, default=None, help="HTTP port (default: a free one)")
     args = ap.parse_args()
-    if args.ha_proxy:  # read by the Serve controller at start: must be in the env before Ray starts
-        os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
+    if args.quick:
+        args.duration, args.real = 1.0, False
+    args.port = args.port or _free_port()
+    if args.ha_proxy:
+        _ha_proxy_env()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault(KEY_ENV, f"sk-bench-{os.getpid()}")  # before Ray starts: replicas inherit it
     import ray
 
     from core.config import load_config
@@ -382,9 +411,9 @@ def main() -> None:
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     storage = tempfile.mkdtemp(prefix="clawray-bench-")
     load0 = os.getloadavg()[0]
-    # No API key on loopback; the admin routes stay off. Everything else is the embedded default.
+    # An API key; the admin routes stay off. Everything else is the embedded default.
     cfg = cfg.model_copy(update={"storage_root": storage, "proxy": cfg.proxy.model_copy(
-        update={"api_key_env": None, "admin_key_env": "CLAWRAY_BENCH_NO_ADMIN"})})
+        update={"api_key_env": KEY_ENV, "admin_key_env": "CLAWRAY_BENCH_NO_ADMIN"})})
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": args.port})
         rows = _run(cfg, args.real, args.port, args.duration)

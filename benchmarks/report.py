@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import statistics
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -141,6 +142,22 @@ def _num(v: Any) -> bool:
     return isinstance(v, int | float) and v == v  # not NaN
 
 
+def hotswap(data: dict[str, Any], md: str | None = None) -> Section:
+    """Published adapter -> first response served by it, idle and under load (target: <= 1 s on CPU)."""
+    heads, rows = [], []
+    for cond in ("idle", "busy"):
+        swaps = data.get(cond) or []
+        if not swaps:
+            continue
+        times = [x["published_to_first_response_s"] for x in swaps]
+        median, worst = statistics.median(times), max(times)
+        rows.append([cond, len(times), median, worst])
+        heads.append(f"Hot-swap ({cond}): adapter published -> first response served by it in {median:.2f} s "
+                     f"median, {worst:.2f} s worst over {len(times)} swaps (target <= 1 s)")
+    body = demote(md) if md else table(["condition", "swaps", "median s", "max s"], rows)
+    return body, heads
+
+
 def demote(md: str) -> str:
     """A benchmark's markdown under our section: its headings two levels down."""
     return "\n".join("##" + line if line.startswith("#") else line for line in md.strip().splitlines())
@@ -148,8 +165,9 @@ def demote(md: str) -> str:
 
 RENDERERS: dict[str, Callable[..., Section]] = {
     "trainer": trainer, "retrieval": retrieval, "proxy_overhead": proxy_overhead,
-    "proxy_overhead-haproxy": proxy_overhead,
+    "proxy_overhead-haproxy": proxy_overhead, "hotswap": hotswap,
 }
+WITH_MARKDOWN = {proxy_overhead, hotswap}  # renderers that show the benchmark's own tables when it wrote them
 
 
 def generic(name: str, data: Any, md: str | None = None) -> Section:
@@ -169,7 +187,7 @@ def section(run: dict[str, Any]) -> Section:
     fn = RENDERERS.get(name)
     if fn is not None and data is not None:
         try:
-            return fn(data, md) if fn is proxy_overhead else fn(data)
+            return fn(data, md) if fn in WITH_MARKDOWN else fn(data)
         except (KeyError, TypeError, ValueError) as e:  # its output changed shape: show it raw, say so
             body, heads = generic(name, data, md)
             return f"(renderer failed: {type(e).__name__}: {e})\n\n{body}", heads

@@ -30,12 +30,18 @@ def engine_env(cfg: ClawrayConfig) -> dict[str, str]:
 def check_serving_config(cfg: ClawrayConfig, env: dict[str, str] | None = None) -> None:
     """Refuse configs that would be unsafe or cannot work, before anything starts."""
     env = dict(os.environ) if env is None else env
-    if not is_loopback(cfg.proxy.host):
-        if not cfg.proxy.api_key_env or not env.get(cfg.proxy.api_key_env):
-            raise ConfigError(
-                f"proxy.host is {cfg.proxy.host!r} (not loopback): set an API key in the env var named "
-                f"by proxy.api_key_env ({cfg.proxy.api_key_env!r}) or bind to 127.0.0.1"
-            )
+    keyless = not cfg.proxy.api_key_env or not env.get(cfg.proxy.api_key_env)
+    if not is_loopback(cfg.proxy.host) and keyless:
+        raise ConfigError(
+            f"proxy.host is {cfg.proxy.host!r} (not loopback): set an API key in the env var named "
+            f"by proxy.api_key_env ({cfg.proxy.api_key_env!r}) or bind to 127.0.0.1"
+        )
+    if env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" and keyless:
+        # HAProxy mode makes every Serve replica listen on all interfaces, whatever proxy.host says.
+        raise ConfigError(
+            "RAY_SERVE_ENABLE_HA_PROXY=1 binds Serve replicas on all interfaces: set an API key in the env "
+            f"var named by proxy.api_key_env ({cfg.proxy.api_key_env!r})"
+        )
     up = cfg.engine.upstream
     if cfg.engine.backend == "upstream" and up is not None:
         if not up.base_url.startswith(("http://", "https://")):

@@ -212,6 +212,7 @@ class PolicyEngine(PolicyEngineImpl):
         PolicyEngineImpl.__init__(self, model_path, model, engine, storage_root)
         self.metrics = EngineMetrics("vllm")
         await self.start()
+        self.metrics.adapters(self.reg.active, len(self.reg.loaded), swapped=False)
 
     async def check_health(self) -> None:
         await self.vllm.client.check_health()

@@ -13,7 +13,11 @@ LATENCY_BOUNDARIES_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 
 
 class ProxyMetrics:
-    """Requests by route and status, end-to-end latency by route, tokens and captured turns."""
+    """Requests by route and status, end-to-end latency by route, tokens and captured turns.
+
+    Counters are summed in the replica and handed to Ray once a second (`flush`, run by the Proxy's
+    background loop): per request that leaves one histogram observation on the hot path.
+    """
 
     def __init__(self) -> None:
         from ray.util.metrics import Counter, Histogram
@@ -27,17 +31,31 @@ class ProxyMetrics:
                               tag_keys=("kind",))
         self.turns = Counter("clawray_proxy_turns_total", "Captured turns by type (main, side).",
                              tag_keys=("turn_type",))
+        self._counts: dict[tuple, float] = {}  # (counter name, tag value(s)) -> pending increment
+
+    def _add(self, key: tuple, n: float) -> None:
+        self._counts[key] = self._counts.get(key, 0) + n
 
     def request(self, route: str, status: int, seconds: float) -> None:
-        self.requests.inc(1, {"route": route, "status": str(status)})
+        self._add(("requests", route, str(status)), 1)
         self.latency.observe(seconds, {"route": route})
 
     def captured(self, turn_type: str, prompt_tokens: int, completion_tokens: int) -> None:
-        self.turns.inc(1, {"turn_type": turn_type})
-        if prompt_tokens:
-            self.tokens.inc(prompt_tokens, {"kind": "prompt"})
-        if completion_tokens:
-            self.tokens.inc(completion_tokens, {"kind": "completion"})
+        self._add(("turns", turn_type), 1)
+        self._add(("tokens", "prompt"), prompt_tokens)
+        self._add(("tokens", "completion"), completion_tokens)
+
+    def flush(self) -> None:
+        counts, self._counts = self._counts, {}
+        for key, n in counts.items():
+            if not n:
+                continue
+            if key[0] == "requests":
+                self.requests.inc(n, {"route": key[1], "status": key[2]})
+            elif key[0] == "turns":
+                self.turns.inc(n, {"turn_type": key[1]})
+            else:
+                self.tokens.inc(n, {"kind": key[1]})
 
 
 class EngineMetrics:
@@ -68,7 +86,8 @@ class EngineMetrics:
         self._inflight -= 1
         self.inflight.set(self._inflight)
 
-    def adapters(self, active: str | None, loaded: int) -> None:
+    def adapters(self, active: str | None, loaded: int, swapped: bool = True) -> None:
         self.active.set(parse_adapter_name(active) if active else 0)
         self.loaded.set(loaded)
-        self.swaps.inc()
+        if swapped:
+            self.swaps.inc()

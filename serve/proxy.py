@@ -93,6 +93,13 @@ class ProxyImpl:
             self.dispatcher.start()
             if self.injector is not None:
                 self.injector.start()
+            if self.metrics is not None:
+                asyncio.get_running_loop().create_task(self._flush_metrics())
+
+    async def _flush_metrics(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.metrics.flush()
 
     # ---- auth -------------------------------------------------------------------------------------
 

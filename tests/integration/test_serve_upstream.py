@@ -121,3 +121,38 @@ def test_what_upstream_mode_refuses(up):
     assert r.status_code == 409 and "upstream mode" in r.json()["error"]["message"]
     ids = [m.id for m in up["client"].models.list().data]
     assert ids[:2] == ["clawray-base", "clawray-policy"]
+
+
+def test_colocated_mode_serves_the_same_routes_from_one_replica(serve_app, tmp_path_factory):
+    """`proxy.colocate`: Proxy routes and engine in one `PolicyEngine` replica (here with the upstream engine,
+    so no second vLLM starts); the engine's handle methods stay reachable by name."""
+    from ray import serve
+
+    from cluster.serve_app import build_app
+    from core.config import load_config
+    from serve.protocol import EngineRequestError
+
+    root = tmp_path_factory.mktemp("colo-storage")
+    upstream = {"base_url": serve_app["base_url"] + "/v1", "model": serve_app["config"].model.served_name}
+    cfg = load_config(env={**os.environ, "CLAWRAY__STORAGE_ROOT": str(root), "CLAWRAY__ENGINE__BACKEND": "upstream",
+                           "CLAWRAY__ENGINE__UPSTREAM": json.dumps(upstream), "CLAWRAY__PROXY__COLOCATE": "true",
+                           "CLAWRAY__ENGINE__NUM_CPUS": "0.25", "CLAWRAY__PROXY__NUM_CPUS": "0.25"})
+    serve.run(build_app(cfg), name="clawray-colo", route_prefix="/colo")
+    try:
+        client = openai.OpenAI(base_url=serve_app["base_url"] + "/colo/v1", api_key="unused", max_retries=0)
+        sid = f"colo-{uuid.uuid4().hex[:8]}"
+        r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                           extra_headers={"X-Session-Id": sid})
+        text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"},
+                                 {"role": "user", "content": "again"}],
+            max_tokens=4, stream=True, extra_headers={"X-Session-Id": sid}) if c.choices)
+        first, second = _turns(root, sid)
+        assert first.response_text == r.choices[0].message.content and second.response_text == text
+        assert first.next_state == [{"role": "user", "content": "again"}] and second.response_ids
+        handle = serve.get_deployment_handle("PolicyEngine", app_name="clawray-colo")
+        with pytest.raises(EngineRequestError) as e:
+            handle.load_adapter.remote("policy-v0001").result(timeout_s=30)
+        assert e.value.status == 409
+    finally:
+        serve.delete("clawray-colo")

@@ -68,6 +68,8 @@ def test_proxy_beyond_loopback_refuses_to_start_without_a_key():
         check_serving_config(cfg, env={})
     check_serving_config(cfg, env={"CLAWRAY_API_KEY": "k"})  # with a key it may start
     check_serving_config(_cfg(), env={})  # loopback without a key is allowed
+    with pytest.raises(ConfigError, match="all interfaces"):  # ... unless HAProxy opens the replicas
+        check_serving_config(_cfg(), env={"RAY_SERVE_ENABLE_HA_PROXY": "1"})
 
 
 def test_upstream_mode_checks_its_url_and_key_env():
