@@ -198,11 +198,16 @@ async def _load(url: str, c: int, duration: float, payload: dict, warmup: float 
                         errors += 1
 
         await asyncio.gather(*(worker(i) for i in range(c)))
-    lat.sort()
+    return {"lat": lat, "errors": errors, "statuses": statuses, "total": total}
+
+
+def _row(engine: str, path: str, c: int, acc: dict[str, Any], duration: float) -> dict[str, Any]:
+    lat = sorted(acc["lat"])
     q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else (lat or [float("nan")]) * 99
-    return {"c": c, "n": len(lat), "errors": errors, "error_statuses": statuses,
-            "rps": len(lat) / duration, "total": total,
-            "p50_ms": 1000 * q[49], "p99_ms": 1000 * q[98]}
+    n = max(acc["total"], 1)
+    return {"engine": engine, "path": path, "c": c, "n": len(lat), "errors": acc["errors"],
+            "error_statuses": acc["statuses"], "rps": len(lat) / duration, "p50_ms": 1000 * q[49],
+            "p99_ms": 1000 * q[98], "cpu_ms": {k: 1000 * v / n for k, v in acc["cpu"].items()}}
 
 
 ROLES = {"http": ("ProxyActor", "haproxy"), "engine": ("ServeReplica:bench-engine:",),
@@ -265,28 +270,45 @@ def _deploy(engine_dep, cfg, port: int, colocate=None) -> dict[str, str]:
     return urls
 
 
-def _measure(urls: dict[str, str], engine: str, payload: dict, duration: float) -> list[dict[str, Any]]:
+def _measure(urls: dict[str, str], engine: str, payload: dict, duration: float,
+             rounds: int = 3) -> list[dict[str, Any]]:
+    """Per concurrency, the paths take turns (`rounds` slices of duration/rounds each), so load from
+    other processes on the host drifts over all of them alike; CPU seconds of each role per request."""
     import psutil
 
     rows, procs, me = [], _processes(), psutil.Process()
     for url in urls.values():  # first requests are slow (vLLM's first generate, connection set-up)
         asyncio.run(_load(url, 1, 2.0, payload, warmup=0.0))
+    paths = [p for p in ("direct", "floor", "proxy", "colocated") if p in urls]
+    ingress = {"direct": None, "floor": "floor", "proxy": "proxy", "colocated": "colo"}
     for c in CONCURRENCY:
-        for path in [p for p in ("direct", "floor", "proxy", "colocated") if p in urls]:
-            cpu0, own0 = _cpu(procs), sum(me.cpu_times()[:2])
-            r = asyncio.run(_load(urls[path], c, duration, payload))
-            cpu1, own1 = _cpu(procs), sum(me.cpu_times()[:2])
-            n = max(r.pop("total"), 1)
-            ingress = {"direct": "engine", "floor": "floor", "proxy": "proxy", "colocated": "colo"}[path]
-            r["cpu_ms"] = {"http_proxy": 1000 * (cpu1["http"] - cpu0["http"]) / n,
-                           "ingress": 1000 * (cpu1[ingress] - cpu0[ingress]) / n if path != "direct" else 0.0,
-                           "engine": 1000 * (cpu1["engine"] - cpu0["engine"]) / n if path != "colocated" else 0.0,
-                           "client": 1000 * (own1 - own0) / n}
-            rows.append({"engine": engine, "path": path, **r})
+        acc = {p: {"lat": [], "errors": 0, "statuses": {}, "total": 0,
+                   "cpu": {"http_proxy": 0.0, "ingress": 0.0, "engine": 0.0, "client": 0.0}} for p in paths}
+        for _ in range(rounds):
+            for path in paths:
+                cpu0, own0 = _cpu(procs), sum(me.cpu_times()[:2])
+                r = asyncio.run(_load(urls[path], c, duration / rounds, payload, warmup=0.3))
+                cpu1, own1 = _cpu(procs), sum(me.cpu_times()[:2])
+                a = acc[path]
+                a["lat"] += r["lat"]
+                a["errors"] += r["errors"]
+                a["total"] += r["total"]
+                for k, v in r["statuses"].items():
+                    a["statuses"][k] = a["statuses"].get(k, 0) + v
+                a["cpu"]["http_proxy"] += cpu1["http"] - cpu0["http"]
+                a["cpu"]["client"] += own1 - own0
+                if ingress[path]:
+                    a["cpu"]["ingress"] += cpu1[ingress[path]] - cpu0[ingress[path]]
+                if path != "colocated":  # the engine replica (co-located: it is the ingress)
+                    a["cpu"]["engine"] += cpu1["engine"] - cpu0["engine"]
+        for path in paths:
+            r = _row(engine, path, c, acc[path], duration)
+            rows.append(r)
             cm = r["cpu_ms"]
-            print(f"  {engine:5s} {path:6s} c={c:<3d} p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  "
-                  f"{r['rps']:7.1f} req/s  err {r['errors']} {r['error_statuses'] or ''}  CPU ms/req: http {cm['http_proxy']:.2f} "
-                  f"ingress {cm['ingress']:.2f} engine {cm['engine']:.2f} client {cm['client']:.2f}", flush=True)
+            print(f"  {engine:5s} {path:9s} c={c:<3d} p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  "
+                  f"{r['rps']:7.1f} req/s  err {r['errors']} {r['error_statuses'] or ''}  CPU ms/req: "
+                  f"http {cm['http_proxy']:.2f} ingress {cm['ingress']:.2f} engine {cm['engine']:.2f} "
+                  f"client {cm['client']:.2f}", flush=True)
     return rows
 
 
@@ -354,15 +376,11 @@ def _run(cfg, real: bool, port: int, duration: float) -> list[dict[str, Any]]:
     dep = _real_engine_cls().options(ray_actor_options={"num_cpus": 1, "runtime_env": {"env_vars": engine_env(cfg)}})
     urls = _deploy(dep.bind(cfg.model_path(), cfg.model.model_dump(), cfg.engine.model_dump(),
                             str(cfg.storage_path())), cfg, port)
-    tiny = _measure(urls, "tiny", payload, duration)
-    # Co-located has its own vLLM: measured after the others are gone (one engine on the cores at a time).
-    for app in ("bench-proxy", "bench-floor", "bench-engine"):
-        serve.delete(app)
+    # The co-located app has its own vLLM; both engines stay up so the paths can take turns (an idle
+    # engine costs memory, not CPU).
     serve.run(build_colocated(cfg), name="bench-colo", route_prefix="/colo")
-    colo = _measure({"colocated": f"http://127.0.0.1:{port}/colo/v1/chat/completions"}, "tiny", payload,
-                    duration)
-    by_c = {r["c"]: r for r in colo}
-    return rows + [r for c in CONCURRENCY for r in [*(x for x in tiny if x["c"] == c), by_c[c]]]
+    urls["colocated"] = f"http://127.0.0.1:{port}/colo/v1/chat/completions"
+    return rows + _measure(urls, "tiny", payload, duration)
 
 
 def _free_port() -> int:
