@@ -34,8 +34,9 @@ class ActivityReporter:
 
                 self._handle = await asyncio.to_thread(ray.get_actor, self.actor_name, self.namespace)
             self._handle.report_activity.remote(ts)
-        except ValueError:  # no OMLS actor (serving alone): nothing to report to
+        except ValueError:  # no OMLS actor (serving alone): look again in a while, not every request
             self._handle = None
+            self._last = time.time() + 30.0
         except Exception as e:  # noqa: BLE001 - reporting must never affect serving
             log.debug("activity report failed: %s", e)
             self._handle = None

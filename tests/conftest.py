@@ -93,3 +93,12 @@ def openai_client(serve_app):
     import openai
 
     return openai.OpenAI(base_url=serve_app["base_url"] + "/v1", api_key="unused", max_retries=0)
+
+
+# Modules that run their own `Replay` actor (the production name, in namespace `clawray`) must run
+# before the session's whole-system fixture creates the system's `Replay`, and they free the name after.
+RUN_FIRST = ("tests/integration/test_train_job.py",)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=lambda item: 0 if any(item.nodeid.startswith(m) for m in RUN_FIRST) else 1)

@@ -52,6 +52,13 @@ def env(ray_cluster, tmp_path_factory):
     yield {"ray": ray_cluster, "storage": storage, "replay": replay, "cfg": cfg,
            "model": str(build_tiny_model(root / "model"))}
     ray_cluster.kill(replay)  # the name `Replay` must not leak into other modules' tests
+    deadline = time.time() + 30
+    while time.time() < deadline:  # ray.kill is asynchronous: wait until the name is free again
+        try:
+            ray_cluster.get_actor("Replay", namespace="clawray")
+        except ValueError:
+            break
+        time.sleep(0.2)
 
 
 def run(env, **kw):
