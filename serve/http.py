@@ -54,7 +54,17 @@ async def read_json_body(request: Request, limit: int) -> dict[str, Any]:
         raise RequestError(f"request body is not valid JSON: {e.msg} at position {e.pos}") from None
     if not isinstance(data, dict):
         raise RequestError("request body must be a JSON object")
+    if b"\\u" in buf and _has_lone_surrogate(data):  # only escapes can make lone surrogates
+        raise RequestError("request body contains invalid Unicode (a lone surrogate escape)")
     return data
+
+
+def _has_lone_surrogate(data: Any) -> bool:
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def require_messages(body: dict[str, Any]) -> None:

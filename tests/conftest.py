@@ -97,8 +97,12 @@ def openai_client(serve_app):
 
 # Modules that run their own `Replay` actor (the production name, in namespace `clawray`) must run
 # before the session's whole-system fixture creates the system's `Replay`, and they free the name after.
-RUN_FIRST = ("tests/integration/test_train_job.py",)
+# The learning test runs right after: it measures the policy on an empty skill library.
+RUN_FIRST = ("tests/integration/test_train_job.py", "tests/integration/test_train_learning.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
-    items.sort(key=lambda item: 0 if any(item.nodeid.startswith(m) for m in RUN_FIRST) else 1)
+    def rank(item) -> int:
+        return next((i for i, m in enumerate(RUN_FIRST) if item.nodeid.startswith(m)), len(RUN_FIRST))
+
+    items.sort(key=rank)
