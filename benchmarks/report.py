@@ -117,7 +117,8 @@ def proxy_overhead(data: dict[str, Any], md: str | None = None) -> Section:
         rows = [[r["engine"], r["c"], r["path"], r["p50_ms"], r["p99_ms"], r["rps"], r["errors"]]
                 for r in data["rows"]]
         body = table(["engine", "concurrency", "path", "p50 ms", "p99 ms", "req/s", "errors"], rows)
-    heads = [h for s in sums if s.get("c") in (1, 16) and (h := _overhead_headline(meta, s))]
+    heads = [h for s in sums if s.get("c") in (1, 64) and s.get("engine") == "fake"
+             and (h := _overhead_headline(meta, s))]
     return body, heads
 
 
@@ -132,10 +133,14 @@ def _overhead_headline(meta: dict[str, Any], s: dict[str, Any]) -> str | None:
         parts.append(f"{s['p50_over_floor']:.2f}× the p50 of an empty pass-through ingress")
     if _num(s.get("rps_vs_floor")) and s["rps_vs_floor"] > 0:
         parts.append(f"{s['rps_vs_floor']:.0%} of its throughput")
+    if _num(s.get("rps_vs_direct")) and s["rps_vs_direct"] > 0:
+        parts.append(f"{s['rps_vs_direct']:.0%} of direct throughput")
     if not parts:
         return None
-    return (f"Ingress overhead, {s.get('path', 'proxy')} ({meta.get('mode', '?')}, {s['engine']} engine, "
-            f"c={s['c']}): " + ", ".join(parts))
+    path = {"colocated": "co-located (default)", "proxy": "two deployments"}.get(s.get("path"), s.get("path"))
+    target = f" — target {s['target']}" if s.get("target") else ""
+    return (f"Ingress overhead, {path} ({meta.get('mode', '?')}, {s['engine']} engine, c={s['c']}): "
+            + ", ".join(parts) + target)
 
 
 def _num(v: Any) -> bool:

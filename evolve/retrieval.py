@@ -151,7 +151,7 @@ class TemplateRetriever:
         self._index = (groups, ids, rows)
 
     def retrieve(self, query: str, top_k: int, task_specific_top_k: int) -> list[Skill]:
-        if self._index is None:
+        if self._index is None or not self._index[0].skills:  # empty library: no tokenizing per request
             return []
         groups, post_ids, post_rows = self._index
         q_ids = np.array(sorted({self._vocab[t] for t in tokenize(query) if t in self._vocab}),

@@ -32,6 +32,9 @@ class ActivityReporter:
             if self._handle is None:
                 import ray
 
+                if not ray.is_initialized():  # not in a Ray worker: never let get_actor start/join a cluster
+                    self._last = time.time() + 30.0
+                    return
                 self._handle = await asyncio.to_thread(ray.get_actor, self.actor_name, self.namespace)
             self._handle.report_activity.remote(ts)
         except ValueError:  # no OMLS actor (serving alone): look again in a while, not every request

@@ -12,12 +12,14 @@ this mode: a Proxy restart restarts vLLM, and proxy and engine replicas scale to
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from ray import serve
 
 from serve.local_handle import LocalHandle
 from serve.metrics import EngineMetrics
+from serve.protocol import Reply
 from serve.proxy import Proxy
 
 
@@ -38,6 +40,36 @@ class ColocatedEngine(Proxy.func_or_class):
         await super().__init__(LocalHandle(self.policy), proxy, skills, storage_root, sink_actors)
 
     # ---- the engine's handle methods, for callers that find `PolicyEngine` by name ----------------------
+    # All of them, so this deployment is a drop-in `PolicyEngine`: the trainer's publish finds it by name,
+    # and more `Proxy` replicas can still be put in front of it (scaling ingress past the engine replicas).
+
+    async def chat(self, body: dict[str, Any]) -> Reply:
+        return await self.policy.chat(body)
+
+    async def messages(self, body: dict[str, Any]) -> Reply:
+        return await self.policy.messages(body)
+
+    async def chat_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
+        gen = self.policy.chat_stream(body)
+        try:
+            async for item in gen:
+                yield item
+        finally:  # a cancelled call: the engine's `finally` unpins the adapter and aborts vLLM now, not at GC
+            await gen.aclose()
+
+    async def messages_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
+        gen = self.policy.messages_stream(body)
+        try:
+            async for item in gen:
+                yield item
+        finally:  # a cancelled call: the engine's `finally` unpins the adapter and aborts vLLM now, not at GC
+            await gen.aclose()
+
+    async def count_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.policy.count_tokens(body)
+
+    async def models(self) -> dict[str, Any]:
+        return await self.policy.models()
 
     async def load_adapter(self, name: str, path: str | None = None) -> dict[str, Any]:
         return await self.policy.load_adapter(name, path)

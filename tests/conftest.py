@@ -71,6 +71,10 @@ def test_config(storage_root):
     env["CLAWRAY__SCHEDULER__SLEEP_END"] = ""
     env["CLAWRAY__SCHEDULER__IDLE_MINUTES"] = ""
     env["CLAWRAY__SCHEDULER__POLL_S"] = "1"
+    # The suite's system runs the two-deployment layout (Proxy -> PolicyEngine, as configs/gpu.yaml): a
+    # Proxy replica can be killed without restarting vLLM and more Proxy replicas can front the engine.
+    # The embedded default (co-located, one replica) has its own module: test_serve_colocated.py.
+    env["CLAWRAY__PROXY__COLOCATE"] = "false"
     return load_config(REPO / "configs" / "local.yaml", env=env)
 
 

@@ -36,3 +36,34 @@ def test_quick_falls_back_when_a_benchmark_has_no_quick_flag():
     args = b.args(quick=True)
     assert "--port" in args and (("--quick" in args) or ("--no-real" in args))
     assert Bench("hotswap").args(quick=True) == ["--quick"] and Bench("trainer").args(quick=False) == []
+
+
+def _point(p50: float, rps: float) -> dict:
+    return {"p50_ms": p50, "rps": rps}
+
+
+def test_proxy_target_verdict_follows_the_issue():
+    """<= 1 ms over direct, or <= 1.5x the floor when the hop alone costs more; >= 90% req/s at c=64."""
+    from benchmarks.proxy_overhead import _target
+
+    direct, floor = _point(10.0, 200.0), _point(15.0, 150.0)
+    assert _target("fake", 1, direct, floor, _point(10.9, 190.0)) == "p50 met"
+    assert _target("fake", 1, direct, floor, _point(22.0, 190.0)) == "p50 met"  # 1.47x the floor
+    assert _target("fake", 1, direct, floor, _point(23.0, 190.0)) == "p50 missed"
+    assert _target("fake", 64, direct, floor, _point(12.0, 181.0)) == "p50 met, req/s met"
+    assert _target("fake", 64, direct, floor, _point(12.0, 179.0)) == "p50 met, req/s missed"
+    cheap_hop = _point(10.5, 190.0)  # the hop costs < 1 ms: only "+1 ms over direct" counts
+    assert _target("fake", 1, direct, cheap_hop, _point(12.0, 190.0)) == "p50 missed"
+    assert _target("tiny", 64, direct, floor, _point(99.0, 1.0)) == ""  # the target is for the instant engine
+
+
+def test_proxy_headlines_name_the_layout_and_the_verdict():
+    from benchmarks.report import proxy_overhead
+
+    row = {"engine": "fake", "c": 64, "path": "colocated", "added_p50_vs_direct_ms": 0.5, "p50_over_floor": 0.7,
+           "rps_vs_direct": 0.94, "rps_vs_floor": 1.3, "target": "p50 met, req/s met"}
+    _, heads = proxy_overhead({"meta": {"mode": "default Serve HTTP proxy"}, "rows": [],
+                               "summary": [row, {**row, "c": 16}, {**row, "engine": "tiny"}]})
+    assert heads == ["Ingress overhead, co-located (default) (default Serve HTTP proxy, fake engine, c=64): "
+                     "+0.5 ms p50 vs the engine served directly, 0.70× the p50 of an empty pass-through ingress, "
+                     "130% of its throughput, 94% of direct throughput — target p50 met, req/s met"]

@@ -1,0 +1,39 @@
+"""Real peft LoRA adapters for the tiny model, published the way the trainer publishes them."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+
+def publish_adapters(model_path: str, adapters: Path, count: int, rank: int = 8) -> list[str]:
+    """Write `count` new versions `policy-vNNNN` (after the highest present), each with random non-zero
+    lora_B so it changes the logprobs, plus its manifest; each folder appears atomically (rename)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from core.contracts import AdapterManifest, adapter_name, parse_adapter_name
+    from core.storage import atomic_write_json
+
+    adapters.mkdir(parents=True, exist_ok=True)
+    present = [parse_adapter_name(p.name) for p in adapters.iterdir() if p.name.startswith("policy-v")]
+    base = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
+    cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    model = get_peft_model(base, cfg)
+    names = []
+    for version in range(max(present, default=0) + 1, max(present, default=0) + 1 + count):
+        torch.manual_seed(version)
+        with torch.no_grad():  # new weights per version (peft inits lora_B to zero: no effect otherwise)
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0.0, 0.5)
+        name, tmp = adapter_name(version), adapters / f".tmp-{uuid.uuid4().hex}"
+        model.save_pretrained(str(tmp))
+        atomic_write_json(tmp / "manifest.json", AdapterManifest(
+            name=name, version=version, base_model=model_path, rank=rank, alpha=2.0 * rank,
+            target_modules=["q_proj", "v_proj"], step=version, skill_generation=0).model_dump(mode="json"))
+        os.rename(tmp, adapters / name)
+        names.append(name)
+    return names
