@@ -162,7 +162,6 @@ class TrainConfig(Section):
     deepspeed_zero2: bool = False
     min_fresh_samples: int = Field(default=8, ge=1)
     max_steps_per_window: int = Field(default=4, ge=1)
-    rerollout_group_size: int = Field(default=0, ge=0)  # G > 1 enables re-rollout groups
     seed: int = 0
 
     @field_validator("num_workers")

@@ -63,7 +63,6 @@ def train_config(base: TrainConfig) -> TrainConfig:
         # letters lowercase scores reward 0 and is stored masked, so a few of the N may not train).
         "loss": "cispo", "lr": 1e-2, "batch_size": BATCH, "grad_accum": 1, "min_fresh_samples": 1,
         "max_steps_per_window": STEPS, "num_workers": 1, "cpus_per_worker": 1, "kl_coef": 0.0, "seed": 0,
-        "rerollout_group_size": 0,
         "lora": LoRAConfig(rank=8, alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
     })
 
