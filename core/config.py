@@ -87,6 +87,7 @@ class ProxyConfig(Section):
     num_replicas: int = Field(default=1, ge=1)
     num_cpus: float = Field(default=0.5, gt=0)
     session_idle_timeout_s: float = Field(default=600.0, gt=0)
+    outbox_retention_s: float = Field(default=86400.0, gt=0)  # dispatched turns stay this long in sessions.db
     max_concurrent_requests: int = Field(default=256, ge=1)
     # Proxy logic in the engine's replica (no deployment-handle hop; see docs/serving.md "Co-located").
     colocate: bool = False

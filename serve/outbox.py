@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 import zlib
 from pathlib import Path
 from typing import Protocol
@@ -53,14 +54,26 @@ class ActorPoolSink:
 
     def __init__(self, names: list[str], namespace: str = "clawray", timeout_s: float = 120.0):
         self.names, self.namespace, self.timeout_s = names, namespace, timeout_s
+        self._handles: dict[str, object] = {}  # name -> actor handle; dropped when a call fails
+
+    async def _actor(self, name: str):
+        handle = self._handles.get(name)
+        if handle is None:  # a GCS lookup: off the event loop, once per actor (not once per turn)
+            import ray
+
+            handle = await asyncio.to_thread(ray.get_actor, name, namespace=self.namespace)
+            self._handles[name] = handle
+        return handle
 
     async def submit(self, turns: list[Turn]) -> None:
-        import ray
-
         async def one(turn: Turn) -> None:
             name = self.names[zlib.crc32(turn.session_id.encode()) % len(self.names)]
-            actor = ray.get_actor(name, namespace=self.namespace)
-            await asyncio.wait_for(actor.score.remote(turn), self.timeout_s)
+            try:
+                actor = await self._actor(name)
+                await asyncio.wait_for(actor.score.remote(turn), self.timeout_s)
+            except BaseException:
+                self._handles.pop(name, None)  # look the actor up again next time (it may be a new one)
+                raise
 
         await asyncio.gather(*(one(t) for t in turns))
 
@@ -75,10 +88,13 @@ class Dispatcher:
     """
 
     def __init__(self, store: SessionStore, sink: TurnSink, idle_s: float, interval_s: float = 0.5,
-                 batch: int = 16, lease_s: float = 15.0, retry_s: float = 5.0):
+                 batch: int = 64, lease_s: float = 15.0, retry_s: float = 5.0,
+                 retention_s: float = 86400.0, prune_every_s: float = 60.0):
         self.store, self.sink = store, sink
         self.idle_s, self.interval_s, self.batch = idle_s, interval_s, batch
         self.lease_s, self.retry_s = lease_s, retry_s
+        self.retention_s, self.prune_every_s = retention_s, prune_every_s
+        self._next_flush = self._next_prune = 0.0  # housekeeping is time-gated, not run per batch
         self.dispatched = 0
         self.failures = 0
         self._inflight: set[str] = set()  # claimed turn ids whose sink call has not returned yet
@@ -101,8 +117,17 @@ class Dispatcher:
                 except Exception:  # noqa: BLE001 - a missed renewal only risks a duplicate delivery
                     log.exception("outbox lease renewal failed")
 
+    async def _housekeeping(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_flush:
+            self._next_flush = now + self.interval_s
+            await asyncio.to_thread(self.store.flush_idle, self.idle_s)
+        if now >= self._next_prune:
+            self._next_prune = now + self.prune_every_s
+            await asyncio.to_thread(self.store.prune, self.retention_s)
+
     async def drain_once(self) -> int:
-        await asyncio.to_thread(self.store.flush_idle, self.idle_s)
+        await self._housekeeping()
         turns = await asyncio.to_thread(self.store.claim, self.batch, self.lease_s)
         if not turns:
             return 0

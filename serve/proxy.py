@@ -76,7 +76,8 @@ class ProxyImpl:
         self.store = SessionStore(layout.sessions / "sessions.db")
         self.recorder = GroupCommit(self.store)
         sink = ActorPoolSink(sink_actors) if sink_actors else JsonlTurnSink(layout.sessions / "completed.jsonl")
-        self.dispatcher = Dispatcher(self.store, sink, self.cfg.session_idle_timeout_s)
+        self.dispatcher = Dispatcher(self.store, sink, self.cfg.session_idle_timeout_s,
+                                     retention_s=self.cfg.outbox_retention_s)
         self.injector = SkillInjector.build(SkillsConfig.model_validate(skills), layout.skills)
         # Keys are read here, from the env vars the config names, so they never travel as arguments.
         self.api_key = os.environ.get(self.cfg.api_key_env) if self.cfg.api_key_env else None

@@ -26,10 +26,13 @@ CREATE TABLE IF NOT EXISTS sessions (
 CREATE TABLE IF NOT EXISTS turns (
   turn_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, turn_index INTEGER NOT NULL,
   state TEXT NOT NULL, payload TEXT NOT NULL, updated_at REAL NOT NULL,
-  claimed_until REAL NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0);
+  claimed_until REAL NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0,
+  next_state TEXT, ended INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS turns_by_session ON turns(session_id, state);
 CREATE INDEX IF NOT EXISTS turns_by_state ON turns(state, claimed_until);
 """
+# Columns added after the first release: (name, definition) for ALTER TABLE on older files.
+ADDED_COLUMNS = (("next_state", "TEXT"), ("ended", "INTEGER NOT NULL DEFAULT 0"))
 
 
 class SessionStore:
@@ -42,6 +45,10 @@ class SessionStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(turns)")}
+        for name, definition in ADDED_COLUMNS:
+            if name not in have:
+                self._db.execute(f"ALTER TABLE turns ADD COLUMN {name} {definition}")
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -90,19 +97,14 @@ class SessionStore:
 
     @staticmethod
     def _complete_pending(db, session_id: str, next_state, last: bool, now: float) -> int:
-        rows = db.execute(
-            "SELECT turn_id, payload FROM turns WHERE session_id=? AND state='pending'", (session_id,)
-        ).fetchall()
-        for turn_id, payload in rows:
-            data = json.loads(payload)
-            if next_state is not None:
-                data["next_state"] = next_state
-            data["last_in_session"] = data.get("last_in_session") or last
-            db.execute(
-                "UPDATE turns SET state='completed', payload=?, updated_at=? WHERE turn_id=?",
-                (json.dumps(data), now, turn_id),
-            )
-        return len(rows)
+        """The session's pending turn(s) -> completed, with their next state. The next state goes into
+        its own column (the payload is not rewritten: the hot path of every request)."""
+        nxt = None if next_state is None else json.dumps(next_state)
+        return db.execute(
+            "UPDATE turns SET state='completed', next_state=COALESCE(?, next_state), ended=MAX(ended, ?), "
+            "updated_at=? WHERE session_id=? AND state='pending'",
+            (nxt, int(last), now, session_id),
+        ).rowcount
 
     def end_session(self, session_id: str) -> int:
         """Flush the session's pending turn as its last (X-Session-Done without a new turn)."""
@@ -129,16 +131,18 @@ class SessionStore:
         now = time.time()
         with self._tx() as db:
             rows = db.execute(
-                "SELECT turn_id, payload FROM turns WHERE state='completed' AND claimed_until < ? "
+                f"SELECT turn_id, {TURN_COLUMNS} FROM turns WHERE state='completed' AND claimed_until < ? "
                 "ORDER BY updated_at LIMIT ?",
                 (now, limit),
             ).fetchall()
-            for turn_id, _ in rows:
+            if rows:
+                ids = [r[0] for r in rows]
                 db.execute(
-                    "UPDATE turns SET claimed_until=?, attempts=attempts+1 WHERE turn_id=?",
-                    (now + lease_s, turn_id),
+                    f"UPDATE turns SET claimed_until=?, attempts=attempts+1 "
+                    f"WHERE turn_id IN ({','.join('?' * len(ids))})",
+                    (now + lease_s, *ids),
                 )
-        return [Turn.model_validate_json(p) for _, p in rows]
+        return [_turn(*r[1:]) for r in rows]
 
     def mark_dispatched(self, turn_ids: list[str]) -> None:
         with self._tx() as db:
@@ -163,21 +167,46 @@ class SessionStore:
                 [(time.time() + retry_in_s, t) for t in turn_ids],
             )
 
+    def prune(self, older_than_s: float) -> int:
+        """Forget turns dispatched more than `older_than_s` ago (the scorer holds them now) and ended
+        sessions idle as long; keeps the file bounded under daily use. Returns the turns removed."""
+        cutoff = time.time() - older_than_s
+        with self._tx() as db:
+            n = db.execute("DELETE FROM turns WHERE state='dispatched' AND updated_at < ?", (cutoff,)).rowcount
+            db.execute("DELETE FROM sessions WHERE done=1 AND last_seen < ? AND NOT EXISTS "
+                       "(SELECT 1 FROM turns t WHERE t.session_id=sessions.session_id)", (cutoff,))
+        return n
+
     def turns(self, session_id: str | None = None, state: str | None = None) -> list[Turn]:
-        q, args = "SELECT payload FROM turns WHERE 1=1", []
+        q, args = f"SELECT {TURN_COLUMNS} FROM turns WHERE 1=1", []
         if session_id is not None:
             q, args = q + " AND session_id=?", [*args, session_id]
         if state is not None:
             q, args = q + " AND state=?", [*args, state]
         with self._tx() as db:
             rows = db.execute(q + " ORDER BY session_id, turn_index", args).fetchall()
-        return [Turn.model_validate_json(r[0]) for r in rows]
+        return [_turn(*r) for r in rows]
 
     def stats(self) -> dict[str, int]:
         with self._tx() as db:
             rows = db.execute("SELECT state, COUNT(*) FROM turns GROUP BY state").fetchall()
             sessions = db.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
         return {"sessions": sessions, **{s: n for s, n in rows}}
+
+
+TURN_COLUMNS = "payload, next_state, ended"
+
+
+def _turn(payload: str, next_state: str | None, ended: int) -> Turn:
+    """A stored turn with what completed it (rows completed before these columns existed carry it in
+    the payload)."""
+    turn = Turn.model_validate_json(payload)
+    update: dict[str, Any] = {}
+    if next_state is not None:
+        update["next_state"] = json.loads(next_state)
+    if ended and not turn.last_in_session:
+        update["last_in_session"] = True
+    return turn.model_copy(update=update) if update else turn
 
 
 class _Tx:

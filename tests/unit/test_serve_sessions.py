@@ -94,3 +94,52 @@ def test_next_state_is_what_followed_the_last_assistant_message():
             {"role": "tool", "content": "r"}, {"role": "user", "content": "f"}]
     assert next_state_of(msgs) == msgs[2:]
     assert next_state_of(msgs[:1]) is None
+
+
+def test_claim_leases_a_whole_batch_in_order(tmp_path):
+    s = SessionStore(tmp_path / "s.db")
+    ids = [s.record([_turn(f"b{i}", last_in_session=True)], None)[0].turn_id for i in range(5)]
+    first = s.claim(3, 60)
+    assert [t.turn_id for t in first] == ids[:3]
+    assert [t.turn_id for t in s.claim(10, 60)] == ids[3:]  # the first three are leased
+    assert s.claim(10, 60) == []
+
+
+def test_dispatched_turns_are_pruned_after_retention_and_pending_ones_never(tmp_path):
+    s = SessionStore(tmp_path / "s.db")
+    s.record([_turn("old", last_in_session=True)], None)
+    s.record([_turn("open")], None)  # pending: waits for its next state, must survive any pruning
+    (t,) = s.claim(10, 60)
+    s.mark_dispatched([t.turn_id])
+    assert s.prune(older_than_s=3600) == 0  # dispatched just now: kept for inspection
+    assert s.prune(older_than_s=0) == 1
+    assert [x.session_id for x in s.turns()] == ["open"]
+    assert s.stats()["sessions"] == 1  # the ended session's row went with its turns
+
+
+def test_a_file_from_before_the_next_state_columns_still_reads_and_completes(tmp_path):
+    """Older stores kept the next state inside the payload: they are migrated in place, rows intact."""
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE sessions (session_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, turns INTEGER NOT NULL DEFAULT 0,
+          last_seen REAL NOT NULL, done INTEGER NOT NULL DEFAULT 0);
+        CREATE TABLE turns (turn_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, turn_index INTEGER NOT NULL,
+          state TEXT NOT NULL, payload TEXT NOT NULL, updated_at REAL NOT NULL,
+          claimed_until REAL NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0);""")
+    done = _turn("s", next_state=[{"role": "user", "content": "old feedback"}])
+    pending = _turn("s2")
+    db.executemany("INSERT INTO turns(turn_id, session_id, turn_index, state, payload, updated_at) VALUES(?,?,0,?,?,0)",
+                   [(done.turn_id, "s", "completed", done.model_dump_json()),
+                    (pending.turn_id, "s2", "pending", pending.model_dump_json())])
+    db.execute("INSERT INTO sessions VALUES('s2', 'default', 1, 0, 0)")
+    db.commit()
+    db.close()
+    s = SessionStore(path)
+    (old,) = s.claim(10, 60)
+    assert old.turn_id == done.turn_id and old.next_state == [{"role": "user", "content": "old feedback"}]
+    s.record([_turn("s2")], [{"role": "user", "content": "new"}])
+    completed = [t for t in s.turns(state="completed") if t.turn_id == pending.turn_id]
+    assert completed[0].next_state == [{"role": "user", "content": "new"}]
