@@ -222,15 +222,15 @@ def db_turns(db_path: Path, prefix: str) -> list[DbTurn]:
     db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=30)
     try:
         rows = db.execute(
-            "SELECT turn_id, session_id, turn_index, state, attempts, payload FROM turns "
+            "SELECT turn_id, session_id, turn_index, state, attempts, payload, next_state FROM turns "
             "WHERE session_id LIKE ? ORDER BY session_id, turn_index", (prefix + "%",)).fetchall()
     finally:
         db.close()
     out = []
-    for tid, sid, idx, state, attempts, payload in rows:
-        p = json.loads(payload)
-        out.append(DbTurn(tid, sid, idx, state, attempts, p.get("response_text") or "", p.get("next_state"),
-                          p.get("messages") or []))
+    for tid, sid, idx, state, attempts, payload, nxt in rows:
+        p = json.loads(payload)  # the next state has its own column (serve/sessions.py)
+        out.append(DbTurn(tid, sid, idx, state, attempts, p.get("response_text") or "",
+                          json.loads(nxt) if nxt is not None else p.get("next_state"), p.get("messages") or []))
     return out
 
 
@@ -240,16 +240,6 @@ def in_replay(replay: Any, ids: list[str], chunk: int = 500) -> dict[str, str]:
     for i in range(0, len(ids), chunk):
         out.update(ray.get(replay.states.remote(ids[i:i + chunk]), timeout=60))
     return out
-
-
-def wait_for(pred, timeout: float, every: float = 0.5):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(every)
-    return None
 
 
 def alive_pids(name: str | None = None, class_name: str | None = None) -> list[int]:
@@ -268,11 +258,3 @@ def ingress_class(cfg) -> str:
     """Ray actor class of the main app's replicas that serve HTTP (the Proxy's code): `Proxy`, or the
     engine's deployment when `proxy.colocate` puts both in one replica."""
     return f"ServeReplica:clawray:{'PolicyEngine' if cfg.proxy.colocate else 'Proxy'}"
-
-
-def require_separate_proxy(cfg) -> None:
-    """Extra Proxy replicas in front of the running engine need the two-deployment layout."""
-    import pytest
-
-    if cfg.proxy.colocate:
-        pytest.skip("proxy.colocate: more Proxy replicas would mean more vLLM engines on this machine")

@@ -21,7 +21,8 @@ import httpx
 import pytest
 import ray
 
-from tests.integration.loadgen import db_turns, in_replay, require_separate_proxy, wait_for
+from tests.integration.helpers import wait_for
+from tests.integration.loadgen import db_turns, in_replay
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +38,6 @@ def entry_points(serve_app):
 
     from cluster.serve_app import build_proxy
 
-    require_separate_proxy(serve_app["config"])
     cfg = serve_app["config"].model_copy(deep=True)
     cfg.proxy.num_replicas = 2
     cfg.proxy.num_cpus = 0.25

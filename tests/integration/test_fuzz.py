@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from tests.integration.loadgen import alive_pids, ingress_class, require_separate_proxy
+from tests.integration.loadgen import alive_pids, ingress_class
 from tests.integration.proxy_openapi import proxy_openapi
 
 pytestmark = pytest.mark.slow
@@ -52,7 +52,6 @@ def keyed(serve_app):
 
     from cluster.serve_app import build_proxy
 
-    require_separate_proxy(serve_app["config"])
     cfg = serve_app["config"].model_copy(deep=True)
     cfg.proxy.api_key_env, cfg.proxy.max_body_bytes, cfg.proxy.num_cpus = KEY_ENV, BODY_LIMIT, 0.25
     engine = serve.get_deployment_handle("PolicyEngine", app_name="clawray")

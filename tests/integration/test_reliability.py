@@ -31,7 +31,8 @@ import httpx
 import pytest
 import ray
 
-from tests.integration.loadgen import Load, alive_pids, db_turns, in_replay, ingress_class, wait_for
+from tests.integration.helpers import wait_for
+from tests.integration.loadgen import Load, alive_pids, db_turns, in_replay, ingress_class
 
 pytestmark = pytest.mark.slow
 

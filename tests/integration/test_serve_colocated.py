@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.adapters import publish_adapters
+from tests.integration.helpers import publish_adapters, session_turns, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -61,18 +61,10 @@ def colo(serve_app, tmp_path_factory):
 
 
 def _turns(cfg, session_id: str, want: int = 1, timeout: float = 15.0):
-    from serve.sessions import SessionStore
-
-    store = SessionStore(Path(cfg.storage_path()) / "sessions" / "sessions.db")
-    try:
-        deadline = time.time() + timeout
-        while True:
-            turns = store.turns(session_id)
-            if len(turns) >= want or time.time() > deadline:
-                return turns
-            time.sleep(0.2)
-    finally:
-        store.close()
+    """The session's turns once there are `want` of them (or what is there after `timeout`)."""
+    root = cfg.storage_path()
+    return wait_for(lambda: len(t := session_turns(root, session_id)) >= want and t, timeout, 0.2) or \
+        session_turns(root, session_id)
 
 
 def test_one_deployment_serves_both_protocols_with_token_exact_capture(colo):

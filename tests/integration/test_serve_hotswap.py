@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.adapters import publish_adapters
+from tests.integration.helpers import publish_adapters
 
 pytestmark = pytest.mark.slow
 

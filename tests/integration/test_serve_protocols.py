@@ -12,12 +12,13 @@ import asyncio
 import json
 import re
 import uuid
-from pathlib import Path
 
 import anthropic
 import openai
 import pytest
 from transformers import AutoTokenizer
+
+from tests.integration.helpers import session_turns
 
 pytestmark = pytest.mark.slow
 
@@ -38,13 +39,7 @@ def _sid() -> str:
 
 
 def _turns(serve_app, sid):
-    from serve.sessions import SessionStore
-
-    store = SessionStore(Path(serve_app["config"].storage_path()) / "sessions" / "sessions.db")
-    try:
-        return store.turns(sid)
-    finally:
-        store.close()
+    return session_turns(serve_app["config"].storage_path(), sid)
 
 
 @pytest.fixture(scope="module")

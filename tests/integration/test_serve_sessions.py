@@ -18,6 +18,8 @@ import httpx
 import openai
 import pytest
 
+from tests.integration.helpers import session_turns
+
 pytestmark = pytest.mark.slow
 
 KEY = "sk-clawray-test-proxy-key"
@@ -34,18 +36,8 @@ def _sid() -> str:
     return f"s-{uuid.uuid4().hex[:10]}"
 
 
-def _store(root: Path):
-    from serve.sessions import SessionStore
-
-    return SessionStore(Path(root) / "sessions" / "sessions.db")
-
-
 def _turns(root: Path, sid: str | None = None):
-    store = _store(root)
-    try:
-        return store.turns(sid)
-    finally:
-        store.close()
+    return session_turns(root, sid)
 
 
 @pytest.fixture(scope="module")

@@ -4,23 +4,18 @@ from __future__ import annotations
 
 import time
 import uuid
-from pathlib import Path
 
 import httpx
 import pytest
 from transformers import AutoTokenizer
 
+from tests.integration.helpers import session_turns
+
 pytestmark = pytest.mark.slow
 
 
 def _turns(serve_app, session_id):
-    from serve.sessions import SessionStore
-
-    store = SessionStore(Path(serve_app["config"].storage_path()) / "sessions" / "sessions.db")
-    try:
-        return store.turns(session_id)
-    finally:
-        store.close()
+    return session_turns(serve_app["config"].storage_path(), session_id)
 
 
 @pytest.fixture(scope="module")

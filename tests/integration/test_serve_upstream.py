@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from pathlib import Path
 
 import anthropic
 import httpx
 import openai
 import pytest
+
+from tests.integration.helpers import session_turns
 
 pytestmark = pytest.mark.slow
 
@@ -28,13 +29,7 @@ ADMIN = {"X-Admin-Key": os.environ.get("CLAWRAY_ADMIN_KEY", "test-admin-key")}
 
 
 def _turns(root, sid=None):
-    from serve.sessions import SessionStore
-
-    store = SessionStore(Path(root) / "sessions" / "sessions.db")
-    try:
-        return store.turns(sid)
-    finally:
-        store.close()
+    return session_turns(root, sid)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,8 @@ import pytest
 import ray
 from transformers import AutoTokenizer
 
+from tests.integration.helpers import session_turns, wait_for
+
 pytestmark = pytest.mark.slow
 
 SPEC = {"type": "multi_choice", "options": {"A": "edit in place", "B": "backup first"}, "answer": ["B"]}
@@ -19,23 +21,13 @@ LESSON = "B is correct: you must create a .bak backup before modifying a file."
 
 
 def _wait(pred, timeout=60.0, every=0.5):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError("condition not met in time")
+    value = wait_for(pred, timeout, every)
+    assert value, "condition not met in time"
+    return value
 
 
 def _turns(serve_app, sid):
-    from serve.sessions import SessionStore
-
-    store = SessionStore(Path(serve_app["config"].storage_path()) / "sessions" / "sessions.db")
-    try:
-        return store.turns(sid)
-    finally:
-        store.close()
+    return session_turns(serve_app["config"].storage_path(), sid)
 
 
 def test_failed_session_evolves_a_skill_that_the_next_request_gets(openai_client, serve_app):

@@ -1,10 +1,34 @@
-"""Real peft LoRA adapters for the tiny model, published the way the trainer publishes them."""
+"""Helpers shared by the integration tests: polling, reading a storage root's session store, and real peft
+LoRA adapters for the tiny model published the way the trainer publishes them."""
 
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from pathlib import Path
+
+
+def wait_for(pred, timeout: float, every: float = 0.5):
+    """`pred()`'s first truthy value within `timeout` seconds, else None."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(every)
+    return None
+
+
+def session_turns(root: str | Path, session_id: str | None = None) -> list:
+    """The turns in `root`'s session store (one session's, or all), read with a fresh connection."""
+    from serve.sessions import SessionStore
+
+    store = SessionStore(Path(root) / "sessions" / "sessions.db")
+    try:
+        return store.turns(session_id)
+    finally:
+        store.close()
 
 
 def publish_adapters(model_path: str, adapters: Path, count: int, rank: int = 8) -> list[str]:
