@@ -51,8 +51,9 @@ def _clean_id(name: str, v: Any) -> str | None:
     if v is None or v == "":
         return None
     s = str(v)
-    if len(s) > MAX_ID_LEN or not s.isprintable():
-        raise RequestError(f"{name} must be a printable string of at most {MAX_ID_LEN} characters")
+    # ASCII: ids travel back in response headers (X-Session-Id), which HTTP encodes as latin-1 at most.
+    if len(s) > MAX_ID_LEN or not (s.isascii() and s.isprintable()):
+        raise RequestError(f"{name} must be printable ASCII of at most {MAX_ID_LEN} characters")
     return s
 
 

@@ -79,6 +79,18 @@ def test_bad_turn_type_refused():
         extract_meta({"messages": []}, {"x-turn-type": "bogus"}, "c")
 
 
+def test_ids_that_could_not_travel_back_in_a_header_are_refused():
+    """Found by the fuzzer: a body `session_id` outside latin-1 made the X-Session-Id reply header fail (500)."""
+    import pytest
+
+    for field, value in (("session_id", "s-\uc6e5"), ("user_id", "jos\u00e9"), ("workspace_id", "w\x00"),
+                         ("session_id", "x" * 300)):
+        body = {"messages": [], field: value}
+        with pytest.raises(RequestError, match="printable ASCII"):
+            extract_meta(body, {}, "c")
+    assert extract_meta({"messages": [], "session_id": "ok-123_A.b:c"}, {}, "c").session_id == "ok-123_A.b:c"
+
+
 def test_derived_ids_do_not_merge_clients_or_conversations():
     m1 = [{"role": "user", "content": "plan my day"}]
     m2 = [{"role": "user", "content": "write a poem"}]
