@@ -33,6 +33,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
 
+from benchmarks.report import LAYOUT_LABELS
+
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "benchmarks" / "out"
 CONCURRENCY = (1, 16, 64)
@@ -333,9 +335,6 @@ def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-LABELS = {"colocated": "co-located (default)", "proxy": "two deployments"}  # configs/local.yaml vs gpu.yaml
-
-
 def _target(engine: str, c: int, d: dict, f: dict, p: dict) -> str:
     """Issue 3's target, instant engine only: p50 <= direct + 1 ms, or within 1.5x of the floor when the
     handle hop alone costs more than 1 ms here; at c=64 also >= 90% of direct's throughput."""
@@ -359,7 +358,7 @@ def _markdown(rows, summary, meta) -> str:
               f"{r['cpu_ms']['engine']:.2f} |" for r in rows]
     lines += ["", "| engine | c | clawray path | p50 − direct (ms) | p50 / floor | req/s vs direct | "
               "req/s vs floor | server CPU ms/req (direct) | target |", "|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {s['engine']} | {s['c']} | {LABELS.get(s['path'], s['path'])} | "
+    lines += [f"| {s['engine']} | {s['c']} | {LAYOUT_LABELS.get(s['path'], s['path'])} | "
               f"{s['added_p50_vs_direct_ms']:+.2f} | {s['p50_over_floor']:.2f}× | {s['rps_vs_direct']:.0%} | "
               f"{s['rps_vs_floor']:.0%} | {s['cpu_ms_per_req']:.2f} ({s['cpu_ms_per_req_direct']:.2f}) | "
               f"{s.get('target', '')} |" for s in summary]
@@ -374,7 +373,7 @@ def _print_table(summary) -> None:
     for col in ("engine", "c", "path", "p50 −direct ms", "p50/floor", "rps/direct", "rps/floor", "target"):
         t.add_column(col, justify="right")
     for s in summary:
-        t.add_row(s["engine"], str(s["c"]), LABELS.get(s["path"], s["path"]), f"{s['added_p50_vs_direct_ms']:+.2f}",
+        t.add_row(s["engine"], str(s["c"]), LAYOUT_LABELS.get(s["path"], s["path"]), f"{s['added_p50_vs_direct_ms']:+.2f}",
                   f"{s['p50_over_floor']:.2f}×", f"{s['rps_vs_direct']:.0%}", f"{s['rps_vs_floor']:.0%}",
                   s.get("target", ""))
     Console().print(t)

@@ -108,6 +108,10 @@ def retrieval(data: dict[str, Any]) -> Section:
     return body, heads
 
 
+# proxy_overhead's clawray paths: the co-located layout is configs/local.yaml's, two deployments gpu.yaml's.
+LAYOUT_LABELS = {"colocated": "co-located (default)", "proxy": "two deployments"}
+
+
 def proxy_overhead(data: dict[str, Any], md: str | None = None) -> Section:
     """The benchmark's own markdown tables when it wrote them (its columns evolve), else the rows."""
     meta, sums = data["meta"], data["summary"]
@@ -137,7 +141,7 @@ def _overhead_headline(meta: dict[str, Any], s: dict[str, Any]) -> str | None:
         parts.append(f"{s['rps_vs_direct']:.0%} of direct throughput")
     if not parts:
         return None
-    path = {"colocated": "co-located (default)", "proxy": "two deployments"}.get(s.get("path"), s.get("path"))
+    path = LAYOUT_LABELS.get(s.get("path"), s.get("path"))
     target = f" — target {s['target']}" if s.get("target") else ""
     return (f"Ingress overhead, {path} ({meta.get('mode', '?')}, {s['engine']} engine, c={s['c']}): "
             + ", ".join(parts) + target)

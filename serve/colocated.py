@@ -23,6 +23,23 @@ from serve.protocol import Reply
 from serve.proxy import Proxy
 
 
+def _relayed(method: str):
+    """An async-generator method streaming `self.policy.<method>(body)`; when the caller stops early (a
+    cancelled handle call) it closes the engine's generator at once, whose `finally` unpins the adapter
+    and aborts the vLLM request (not at garbage collection)."""
+
+    async def relay(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
+        gen = getattr(self.policy, method)(body)
+        try:
+            async for item in gen:
+                yield item
+        finally:
+            await gen.aclose()
+
+    relay.__name__ = relay.__qualname__ = method
+    return relay
+
+
 class ColocatedEngine(Proxy.func_or_class):
     async def __init__(self, backend: str, engine_args: tuple, proxy: dict, skills: dict, storage_root: str,
                        sink_actors: list[str] | None = None):
@@ -49,21 +66,8 @@ class ColocatedEngine(Proxy.func_or_class):
     async def messages(self, body: dict[str, Any]) -> Reply:
         return await self.policy.messages(body)
 
-    async def chat_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
-        gen = self.policy.chat_stream(body)
-        try:
-            async for item in gen:
-                yield item
-        finally:  # a cancelled call: the engine's `finally` unpins the adapter and aborts vLLM now, not at GC
-            await gen.aclose()
-
-    async def messages_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
-        gen = self.policy.messages_stream(body)
-        try:
-            async for item in gen:
-                yield item
-        finally:  # a cancelled call: the engine's `finally` unpins the adapter and aborts vLLM now, not at GC
-            await gen.aclose()
+    chat_stream = _relayed("chat_stream")
+    messages_stream = _relayed("messages_stream")
 
     async def count_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
         return await self.policy.count_tokens(body)
