@@ -228,8 +228,12 @@ def test_anthropic_system_blocks_and_count_tokens(claude, serve_app, tok):
     (turn,) = _turns(serve_app, sid)
     prompt = tok.decode(turn.prompt_ids)
     assert "ANTH-SYS" in prompt and "Hello" in prompt and len(turn.response_ids) == m.usage.output_tokens
-    counted = claude.messages.count_tokens(model="clawray-policy", **kw)
-    assert counted.input_tokens == len(turn.prompt_ids) == m.usage.input_tokens
+    assert m.usage.input_tokens == len(turn.prompt_ids)
+    counted = claude.messages.count_tokens(model="clawray-policy", **kw)  # counts the request as sent
+    if turn.skills:  # the shared library may hold skills from earlier tests: generation saw them injected
+        assert counted.input_tokens < len(turn.prompt_ids)
+    else:
+        assert counted.input_tokens == len(turn.prompt_ids)
 
 
 def test_anthropic_stream_events(claude, serve_app):

@@ -37,7 +37,10 @@ def test_completion_is_captured_token_exact(openai_client, serve_app, tokenizer)
     assert not hasattr(r, "prompt_token_ids") or r.prompt_token_ids is None  # not asked for
 
     (turn,) = _turns(serve_app, sid)
-    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    # What the engine rendered: the request after skill injection (the shared library may hold skills
+    # from earlier tests; the turn records the messages as sent to the engine).
+    assert turn.messages[-1] == messages[-1] and (turn.skills or turn.messages == messages)
+    rendered = tokenizer.apply_chat_template(turn.messages, tokenize=False, add_generation_prompt=True)
     assert tokenizer.decode(turn.prompt_ids) == rendered
     assert "SYSTEM-MARKER" in tokenizer.decode(turn.prompt_ids)
     assert len(turn.response_logprobs) == len(turn.response_ids) == r.usage.completion_tokens
