@@ -40,7 +40,7 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not soak" $(PYTEST_ARGS)
 
 demo: setup
-	$(BIN)/python -m cluster.cli demo
+	$(BIN)/python -m harness.cli demo
 
 bench: setup
 	$(BIN)/python -m benchmarks.run_all
@@ -49,7 +49,7 @@ soak: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m soak tests/
 
 lint: setup
-	$(BIN)/ruff check core serve rewards evolve train cluster scripts benchmarks tests
+	$(BIN)/ruff check core serve rewards evolve train cluster harness memory scripts benchmarks tests
 
 clean:
 	rm -rf state/ .cache/vllm

@@ -1,4 +1,4 @@
-"""`clawray`: setup, start, stop, status, train-step, config, skills, report, demo.
+"""`clawray`: setup, start, stop, status, train-step, config, skills, dlq, report (`demo` is mounted by harness/cli.py).
 
 Errors are one clear line plus a hint (exit code 2), never a traceback.
 """
@@ -8,12 +8,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from core.config import REPO_ROOT, ClawrayConfig, ConfigError, config_from_dict, load_config
@@ -113,7 +117,7 @@ def gather_status(cfg: ClawrayConfig) -> dict[str, Any]:
     except httpx.HTTPError as e:
         out["proxy"] = {"status": f"unreachable ({type(e).__name__})", "url": base}
     calls = {"omls": ("OMLS", "state"), "skills": ("Evolver", "stats"), "replay": ("Replay", "stats"),
-             "controller": ("Controller", "status")}
+             "controller": ("Controller", "status"), "memory": ("Memory", "stats")}
     for key, (name, method) in calls.items():
         actor = _actor(name)
         try:
@@ -140,9 +144,15 @@ def status(config: ConfigOpt = None, as_json: Annotated[bool, typer.Option("--js
     t.add_row("skills", f"generation {sk.get('generation', '?')}, {sk.get('skills', '?')} skills")
     t.add_row("adapter", str(proxy.get("active_adapter") or "base model"))
     t.add_row("replay", json.dumps(rp.get("by_state", rp)))
+    mem = st["memory"]
+    t.add_row("memory", f"{mem['units']} units {json.dumps(mem['by_kind'])}, {mem['inbox_pending']} turns pending"
+              if "units" in mem else str(mem.get("status")))
     last = (ct.get("last_run") or {}) if isinstance(ct, dict) else {}
     t.add_row("training", f"running={ct.get('running')} runs={ct.get('runs')} last={last.get('stop_reason')} "
               f"steps={last.get('steps')}")
+    lock = ct.get("run_lock") if isinstance(ct, dict) else None
+    if lock:  # who trains now, whichever process started it (a window, a train-step, python -m train.job)
+        t.add_row("run lock", f"{lock['holder']} (pid {lock['pid']} on {lock['host']}) since {lock['since']}")
     console.print(t)
 
 
@@ -158,7 +168,11 @@ def train_step(config: ConfigOpt = None, steps: Annotated[int, typer.Option(min=
         raise CLIError("the Controller is not running", "start clawray with `clawray start`")
     with console.status(f"training {steps} step(s)…"):
         res = ray.get(ctl.train_step.remote(steps))
+    if "event" not in res:  # refused: another run trains (one trainer at a time)
+        raise CLIError(res["error"], "`clawray status` shows the run; try again when it has ended")
     console.print_json(json.dumps(res, default=str))
+    if res.get("error"):
+        raise CLIError(f"the training run failed: {res['error']}", "the Controller's log has the traceback")
 
 
 # ---- config ---------------------------------------------------------------------------------------
@@ -212,6 +226,8 @@ def setup(
     base = yaml.safe_load((REPO_ROOT / "configs" / "local.yaml").read_text())
     ask = (lambda q, d: typer.prompt(q, default=d)) if interactive else (lambda q, d: d)
     base["model"]["path"] = model or ask("model (tiny or path/hub id)", base["model"]["path"])
+    if base["model"]["path"] != "tiny":  # local.yaml's default temperature is for the random-weight tiny model
+        base["engine"].pop("default_temperature", None)
     base["proxy"]["host"] = host or ask("proxy host", base["proxy"]["host"])
     base["proxy"]["port"] = int(port or ask("proxy port", base["proxy"]["port"]))
     base["scheduler"]["mode"] = mode or ask("mode (skills_only|rl|auto)", base["scheduler"]["mode"])
@@ -233,13 +249,83 @@ def report(config: ConfigOpt = None, out: Annotated[Path | None, typer.Option()]
     console.print(f"[green]report[/] {path}")
 
 
-@app.command()
-def demo(config: ConfigOpt = None,
-         workload: Annotated[Path | None, typer.Option(help="a MetaClaw-Bench-format folder")] = None) -> None:
-    """Run a simulated workday through the whole loop on this machine (the `make demo` job)."""
-    from cluster.demo import run_demo
+# ---- dead letters -----------------------------------------------------------------------------------
 
-    run_demo(_cfg(config), workload=workload, console=console)
+dlq_app = typer.Typer(no_args_is_help=True, help="Dead letters: turns that failed scoring N times (session "
+                      "outbox) and samples the trainer rejected (replay buffer).")
+app.add_typer(dlq_app, name="dlq")
+EVERY_DEAD_LETTER = 1_000_000  # `dead_letters(limit)` when ids are checked: dead letters are few
+
+
+@contextmanager
+def _dead_letter_stores(cfg: ClawrayConfig) -> Iterator[dict[str, Any]]:
+    """The storage root's two dead-letter stores, opened directly (SQLite; safe next to a running
+    system). A store whose file does not exist yet holds none and is not created."""
+    from core.storage import StorageLayout
+    from serve.sessions import DB_FILE as SESSIONS_DB
+    from serve.sessions import SessionStore
+    from train.replay import DB_FILE as REPLAY_DB
+    from train.replay_store import ReplayStore
+
+    layout = StorageLayout(cfg.storage_path())
+    stores: dict[str, Any] = {}
+    try:
+        if (layout.sessions / SESSIONS_DB).is_file():
+            stores["outbox"] = SessionStore(layout.sessions / SESSIONS_DB)
+        if (layout.replay / REPLAY_DB).is_file():
+            stores["replay"] = ReplayStore(layout.replay / REPLAY_DB)
+        yield stores
+    finally:
+        for store in stores.values():
+            store.close()
+
+
+@dlq_app.command("list")
+def dlq_list(config: ConfigOpt = None, limit: Annotated[int, typer.Option(min=1, help="per store")] = 100,
+             as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Dead letters of both stores, oldest first, with their last error."""
+    with _dead_letter_stores(_cfg(config)) as stores:
+        rows = [{"store": name, **row} for name, store in stores.items() for row in store.dead_letters(limit)]
+    if as_json:
+        console.print_json(json.dumps(rows, default=str))
+        return
+    if not rows:
+        console.print("no dead letters")
+        return
+    t = Table(title=f"{len(rows)} dead letter(s)")
+    for col in ("store", "id", "attempts", "at", "error"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["at"])) if r.get("at") else ""
+        t.add_row(r["store"], r["id"], str(r.get("attempts", "")), at, escape(str(r.get("error") or ""))[:300])
+    console.print(t)
+
+
+def _dlq_apply(config: Path | None, ids: list[str], action: str) -> None:
+    """`requeue` or `drop` on whichever store holds each id; refuses (changing nothing) on unknown ids."""
+    with _dead_letter_stores(_cfg(config)) as stores:
+        held = {name: {r["id"] for r in store.dead_letters(EVERY_DEAD_LETTER)} & set(ids)
+                for name, store in stores.items()}
+        unknown = sorted(set(ids).difference(*held.values()))
+        if unknown:
+            raise CLIError(f"not a dead letter: {', '.join(unknown)} (nothing was changed)",
+                           "see `clawray dlq list` for the ids")
+        done = {name: getattr(stores[name], action)(sorted(found)) for name, found in held.items() if found}
+    console.print(f"{action}: " + ", ".join(f"{n} from the {name}" for name, n in done.items()))
+
+
+@dlq_app.command("requeue")
+def dlq_requeue(ids: Annotated[list[str], typer.Argument(help="dead-letter ids (`clawray dlq list`)")],
+                config: ConfigOpt = None) -> None:
+    """Put dead letters back: turns into the outbox (scored again), samples into the replay buffer."""
+    _dlq_apply(config, ids, "requeue")
+
+
+@dlq_app.command("drop")
+def dlq_drop(ids: Annotated[list[str], typer.Argument(help="dead-letter ids (`clawray dlq list`)")],
+             config: ConfigOpt = None) -> None:
+    """Delete dead letters for good."""
+    _dlq_apply(config, ids, "drop")
 
 
 def _mount_skills() -> None:
@@ -251,10 +337,21 @@ def _mount_skills() -> None:
 _mount_skills()
 
 
+def _mount_memory() -> None:
+    from evolve.embedding import SentenceEmbedder
+    from memory.cli import memory_app, set_embedder_factory
+
+    set_embedder_factory(SentenceEmbedder)  # the composition root hands memory/ its embedder
+    app.add_typer(memory_app, name="memory", help="List, search, show, export or forget long-term memory.")
+
+
+_mount_memory()
+
+
 def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # without standalone mode click returns an Exit's code
     except CLIError as e:
         console.print(f"[red]error:[/] {e}" + (f"\n[dim]hint: {e.hint}[/]" if e.hint else ""))
         raise SystemExit(2) from None
@@ -275,6 +372,8 @@ def main() -> None:
         if os.environ.get("CLAWRAY_DEBUG"):
             raise
         raise SystemExit(1) from None
+    if isinstance(code, int) and code:
+        raise SystemExit(code)
 
 
 if __name__ == "__main__":

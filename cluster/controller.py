@@ -1,14 +1,30 @@
 """`Controller`: turns OMLS windows into training runs (and back), in one of MetaClaw's three modes.
 
-- `auto` (default): train only inside OMLS windows. `start_training` → request the training resources
-  from the autoscaler and start (or resume, same run name → same checkpoint) the GRPO job;
-  `stop_training` → stop at the next step boundary (checkpoint written, samples committed), release the
-  resource request, tell OMLS. A job that ends by itself (no fresh samples, step budget) is reported too.
+- `auto` (default): train only inside OMLS windows. A window → request the training resources from the
+  autoscaler and start (or resume, same run name → same checkpoint) the GRPO job; the window closes →
+  stop at the next step boundary (checkpoint written, samples committed), release the resource request.
 - `rl`: train whenever the replay buffer holds `train.min_fresh_samples` fresh samples.
-- `skills_only`: never train.
+- `skills_only`: never train. In `rl` and `skills_only` an OMLS window is declined (OMLS is told the
+  window's training ended), so it never waits on a run that will not come.
 
-State (run counter, history of windows and runs) is persisted under `control/controller.json`, so a
-restarted Controller re-reads it; a job can only be started when none is running (never double-started).
+Level-triggered: on every tick (every `scheduler.poll_s`; the first tick of a restarted Controller too)
+the Controller reads OMLS's state and compares it with its own run (is the run's thread alive?), and
+does the one thing that makes them agree (`reconcile`): start the window's run, tell OMLS a start or an
+end it missed, or stop a run whose window has closed. OMLS's actions are edge-triggered hints and only
+logged. So a lost acknowledgement (the Controller killed between saving its state and telling OMLS, OMLS
+restarting), a run that crashed or failed to start, and a window that opened while a manual or `rl` run
+was going all end in a state from which the next window opens; OMLS never says UPDATING or PAUSING
+while nothing trains. A window that opens during a manual run waits for it, then gets a run of its own;
+closing a window stops only the window's run.
+
+One trainer at a time: every start takes the storage root's run lock (train/run_lock.py, through
+`TrainJob.start`), shared with `python -m train.job` in other processes. A start refused by it is
+answered "a training run is already running since …"; a window then waits until that run has ended.
+
+State (run counter, history of windows and runs, the current run) is persisted under
+`control/controller.json`. A restarted Controller finds the run it was driving in `current`: that run
+died with the old process (Ray Train's controller and workers are owned by it); a window run is resumed
+while its window is open, once `train.job` has seen its Ray Train actors gone.
 """
 
 from __future__ import annotations
@@ -40,6 +56,39 @@ def training_bundles(cfg: ClawrayConfig) -> list[dict[str, float]]:
     return [dict(bundle) for _ in range(n)]
 
 
+# What `reconcile` asks for.
+START = "start"  # start (or resume) the window's run, then tell OMLS training_started
+ACK_STARTED = "ack_started"  # tell OMLS training_started: the window's run runs, OMLS missed it
+ACK_STOPPED = "ack_stopped"  # tell OMLS training_stopped: no window run (ended, lost, failed, declined)
+STOP = "stop"  # stop the window's run at its next step boundary: its window has closed
+
+
+def reconcile(mode: str, omls_state: str, run: str | None, resume: bool) -> str | None:
+    """The one action that brings OMLS's state and the Controller's own run into agreement (None: they
+    agree). Pure; called on every tick, so every answer must be safe to repeat.
+
+    Args:
+        mode: `scheduler.mode`.
+        omls_state: OMLS's `state` (idle_wait, window_open, updating, pausing).
+        run: the reason of the Controller's run going now ("window", "manual", "rl"), or None.
+        resume: a window run died with the previous Controller process and is not resumed yet.
+    """
+    window = run == "window"
+    if omls_state == "window_open":
+        if mode != "auto":
+            return ACK_STOPPED  # this mode does not train in windows: decline it
+        if window:
+            return ACK_STARTED
+        return START if run is None else None  # after a manual run the window gets a run of its own
+    if omls_state == "updating":
+        if window:
+            return None
+        return START if run is None and resume and mode == "auto" else ACK_STOPPED
+    if omls_state == "pausing":
+        return STOP if window else ACK_STOPPED
+    return STOP if window else None  # idle_wait: a window run without a window (its ack raced a close)
+
+
 class ControllerActor:
     def __init__(self, cfg: dict[str, Any], poll_s: float | None = None):
         self.cfg = ClawrayConfig.model_validate(cfg)
@@ -51,12 +100,16 @@ class ControllerActor:
         self.history: list[dict[str, Any]] = saved.get("history", [])
         self.job = None
         self.current: dict[str, Any] | None = None
-        # We died while a job ran (it died with us: Ray Train's controller and workers are owned by this
-        # process). `tick` resumes it if its window is still open; its leases are freed by that resume.
-        self._lost: dict[str, Any] | None = saved.get("current")
-        if self._lost:
-            self._event("run_lost", run=self._lost.get("run"))
+        # We died while a run went on (it died with us: Ray Train's controller and workers are owned by
+        # this process). A window run is resumed while its window is open; a resume frees its leases.
+        lost = saved.get("current")
+        self._resume = bool(lost and lost.get("reason") == "window")
+        if lost:
+            self._event("run_lost", run=lost.get("run"), reason=lost.get("reason"))
         self._save()
+        self._waiting: str | None = None  # the last "already running" answer a window got (logged once)
+        # Starts, reaps and reconciles one at a time: the control loop and API calls share the actor.
+        self._serial = asyncio.Lock()
         self._loop: asyncio.Task | None = None
         # Ray runs an async actor's constructor on the actor's event loop: start the control loop here,
         # so a Controller restarted after a crash (max_restarts) ticks again without anyone calling
@@ -99,42 +152,60 @@ class ControllerActor:
         except Exception as e:  # noqa: BLE001 - no autoscaler (plain local cluster): nothing to scale
             log.info("resource request not applied (%s)", e)
 
-    async def _start(self, reason: str, max_steps: int | None = None) -> bool:
-        if self.job is not None and self.job.running:
-            return False  # never double-start
-        from train.job import TrainJob
+    def _running(self) -> str | None:
+        """The reason of the run going now, or None. The truth is the run's thread, not saved state."""
+        if self.job is not None and self.job.running and self.current is not None:
+            return self.current["reason"]
+        return None
 
+    async def _start(self, reason: str, max_steps: int | None = None) -> None:
+        """Start a run. Raises `RunLockBusy` while any run holds the run lock; any other failure to
+        start is recorded as a failed run, then raised."""
+        from train.job import TrainJob
+        from train.run_lock import RunLockBusy, busy_message
+
+        await self._reap()  # a run that has just ended is recorded before `current` is replaced
+        if self._running():  # ours: answered without touching the lock
+            raise RunLockBusy(busy_message(self.current["started_at"],
+                                           f"Controller {self.current['reason']} run {self.current['run']}"))
+        job = TrainJob(self.cfg.train, model_path=self.cfg.model_path(), storage=self.layout,
+                       run_name="grpo", max_steps=max_steps, lease_s=self.cfg.replay.lease_timeout_s,
+                       holder=f"Controller {reason} run {self.runs + 1}")
+        try:
+            await asyncio.to_thread(job.start)
+        except RunLockBusy:
+            raise
+        except Exception as e:
+            self.runs += 1
+            self._event("run_finished", run=self.runs, reason=reason, steps=0, stop_reason="error",
+                        error=f"could not start: {type(e).__name__}: {e}")
+            raise
         self._request_resources(True)
         self.runs += 1
-        self.job = TrainJob(self.cfg.train, model_path=self.cfg.model_path(), storage=self.layout,
-                            run_name="grpo", max_steps=max_steps,
-                            lease_s=self.cfg.replay.lease_timeout_s)
-        await asyncio.to_thread(self.job.start)
+        self.job = job
         self.current = {"run": self.runs, "reason": reason, "started_at": time.time()}
         self._event("run_started", run=self.runs, reason=reason)
-        if reason == "window":
-            await self._omls("training_started")
-        return True
 
     async def _stop(self) -> None:
         if self.job is not None and self.job.running:
             await asyncio.to_thread(self.job.request_stop)
 
     async def _reap(self) -> None:
-        """A job that finished (stopped, out of samples, out of budget, failed): record and report."""
+        """A run that ended (stopped, out of samples, out of budget, failed): record it. OMLS hears of it
+        from `reconcile`, on this tick or a later one."""
         if self.job is None or self.job.running or self.current is None:
             return
         result = await asyncio.to_thread(self.job.wait, 0)
         run, reason = self.current["run"], self.current["reason"]
         self.current = None
         self._request_resources(False)
-        data = {"run": run}
-        if result is not None:
+        data = {"run": run, "reason": reason}
+        if result is None:  # its thread died without a result
+            data.update(steps=0, stop_reason="error", error="the training run's thread ended without a result")
+        else:
             data.update(steps=len(result.steps), stop_reason=result.stop_reason, error=result.error,
                         adapters=result.adapters, trained=len(result.trained_sample_ids))
         self._event("run_finished", **data)
-        if reason == "window":
-            await self._omls("training_stopped")
 
     async def _fresh(self) -> int:
         replay = self._actor("Replay")
@@ -143,39 +214,65 @@ class ControllerActor:
         stats = await replay.stats.remote()
         return int(stats.get("trainable", 0))  # fresh samples of the current skill generation
 
-    async def _recover(self) -> None:
-        """Once after a restart: a window run we lost is resumed while OMLS still holds the window open;
-        a window that closed meanwhile is acknowledged, so OMLS does not wait in PAUSING forever."""
+    # ---- reconciling with OMLS --------------------------------------------------------------------
+
+    async def _start_window(self) -> None:
+        from train.run_lock import RunLockBusy
+
+        try:
+            await self._start("window")
+        except RunLockBusy as e:  # another run trains (a CLI run, a manual step): the window waits for it
+            if str(e) != self._waiting:
+                self._waiting = str(e)
+                self._event("window_waiting", reason=str(e))
+            return
+        except Exception:  # noqa: BLE001 - recorded by _start; the window is used up by its failed run
+            log.exception("the window's training run could not start")
+            self._resume = False
+            await self._omls("training_stopped")
+            return
+        self._waiting, self._resume = None, False
+        await self._omls("training_started")
+
+    async def _reconcile(self) -> None:
         st = await self._omls("state")
         if st is None:
-            return  # no OMLS (yet): try again next tick
-        if self._lost.get("reason") == "window" and self.cfg.scheduler.mode == "auto":
-            if st.get("state") in ("window_open", "updating"):
-                await self._start("window")  # the same run name resumes from its last checkpoint
-            elif st.get("state") == "pausing":
-                await self._omls("training_stopped")
-        self._lost = None  # only now: a failed resume (raised above) is tried again next tick
+            return  # no OMLS (yet): next tick
+        action = reconcile(self.cfg.scheduler.mode, st.get("state"), self._running(), self._resume)
+        if action != START:
+            self._resume = False  # the lost run's window is gone (or a run is going): nothing to resume
+        if action is not None:
+            log.info("OMLS %s, run %s: %s", st.get("state"), self._running(), action)
+        if action == START:
+            await self._start_window()
+        elif action == ACK_STARTED:
+            await self._omls("training_started")
+        elif action == ACK_STOPPED:
+            await self._omls("training_stopped")
+        elif action == STOP:
+            await self._stop()
+            self._request_resources(False)
 
     async def tick(self) -> None:
-        if self._lost is not None:
-            await self._recover()
-        await self._reap()
-        mode = self.cfg.scheduler.mode
-        actions = await self._omls("pending_actions") or []
-        for a in actions:
-            kind = a.get("action")
-            self._event("window_" + (kind or "transition"), state=a.get("dst"), reason=a.get("reason"))
-            if mode != "auto":
-                continue
-            if kind == "start_training":
-                if not await self._start("window"):
-                    await self._omls("training_started")  # already running: keep OMLS in sync
-            elif kind in ("stop_training", "cancel_training"):
-                await self._stop()
-                self._request_resources(False)
-        if mode == "rl" and (self.job is None or not self.job.running):
-            if await self._fresh() >= self.cfg.train.min_fresh_samples:
-                await self._start("rl")
+        async with self._serial:
+            await self._reap()
+            for a in await self._omls("pending_actions") or []:  # hints: the state is what we act on
+                self._event("window_" + (a.get("action") or "transition"), state=a.get("dst"),
+                            reason=a.get("reason"))
+            await self._reconcile()
+            if self.cfg.scheduler.mode == "rl" and self._running() is None:
+                if await self._fresh() >= self.cfg.train.min_fresh_samples:
+                    await self._start_rl()
+
+    async def _start_rl(self) -> None:
+        from train.run_lock import RunLockBusy
+
+        try:
+            await self._start("rl")
+        except RunLockBusy as e:
+            log.info("rl run not started: %s", e)
+        except Exception:  # noqa: BLE001 - recorded by _start; tried again on the next tick
+            log.exception("rl training run could not start")
 
     async def _run(self) -> None:
         while True:
@@ -193,26 +290,40 @@ class ControllerActor:
         return True
 
     async def train_step(self, steps: int = 1) -> dict[str, Any]:
-        """Run `steps` training steps now (manual), outside any window; returns the run's result."""
-        if not await self._start("manual", max_steps=steps):
-            return {"error": "a training run is already in progress"}
-        await asyncio.to_thread(self.job.wait)
-        await self._reap()
-        return self.history[-1]
+        """Run `steps` training steps now (manual), outside any window; returns the run's
+        `run_finished` event, or {"error": "a training run is already running since …"}."""
+        from train.run_lock import RunLockBusy
+
+        async with self._serial:
+            try:
+                await self._start("manual", max_steps=steps)
+            except RunLockBusy as e:
+                return {"error": str(e)}
+            except Exception:  # noqa: BLE001 - recorded by _start as a failed run: answered below
+                return self.history[-1]
+            job, run = self.job, self.current["run"]
+        await asyncio.to_thread(job.wait)
+        async with self._serial:
+            await self._reap()  # unless a tick reaped it first
+        return next(h for h in reversed(self.history) if h["event"] == "run_finished" and h.get("run") == run)
 
     async def stop_training(self) -> dict[str, Any]:
         await self._stop()
         return await self.status()
 
     async def status(self) -> dict[str, Any]:
+        from train.run_lock import run_lock_for
+
         job = await asyncio.to_thread(self.job.status) if self.job is not None else None
+        lock = await asyncio.to_thread(run_lock_for(self.layout).current)
         return {
             "mode": self.cfg.scheduler.mode,
-            "running": bool(self.job is not None and self.job.running),
+            "running": self._running() is not None,
             "current": self.current,
             "runs": self.runs,
             "loop": self._loop is not None and not self._loop.done(),
             "job": job,
+            "run_lock": lock.to_dict() if lock is not None else None,
             "last_run": next((h for h in reversed(self.history) if h["event"] == "run_finished"), None),
         }
 

@@ -94,4 +94,23 @@ def stop_head(cfg: ClawrayConfig, timeout_s: float = 60) -> bool:
     if _alive(info["pid"]):
         os.killpg(info["pid"], signal.SIGKILL)
     _pointer(cfg).unlink(missing_ok=True)
+    forget_current_cluster(info["port"])
+    return True
+
+
+def forget_current_cluster(port: int) -> bool:
+    """Remove Ray's "current cluster" record (`/tmp/ray/ray_current_cluster`, written by `ray start`)
+    when it names the head we just stopped: `serve run` and `ray.init()` join the current cluster, and a
+    stale record makes them hang on a dead address. A record of another cluster is left alone (that is
+    what `ray stop` would not do: it resets the record whatever it names)."""
+    from ray._common.utils import get_ray_address_file
+
+    path = Path(get_ray_address_file(None))
+    try:
+        named = path.read_text().strip()
+    except OSError:
+        return False
+    if not named.endswith(f":{port}"):
+        return False
+    path.unlink(missing_ok=True)
     return True

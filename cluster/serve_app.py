@@ -54,6 +54,16 @@ def check_serving_config(cfg: ClawrayConfig, env: dict[str, str] | None = None) 
         make(cfg.cache_path() / "tiny-chat")
 
 
+def memory_args(cfg: ClawrayConfig) -> dict[str, Any] | None:
+    """What a Proxy replica needs to read memory (memory/, serve/memory_injection.py); None = off. The
+    policy's tokenizer counts the memory block's tokens exactly when the model is local (vLLM)."""
+    if not cfg.memory.enabled:
+        return None
+    local = cfg.engine.backend == "vllm"
+    return {"config": cfg.memory.model_dump(), "tokenizer_path": cfg.model_path() if local else None,
+            "max_model_len": cfg.model.max_model_len}
+
+
 def build_engine(cfg: ClawrayConfig):
     """The bound engine deployment for `cfg.engine.backend`."""
     storage = str(cfg.storage_path())
@@ -84,7 +94,8 @@ def build_proxy(cfg: ClawrayConfig, engine: Any, sink_actors: list[str] | None =
         max_ongoing_requests=cfg.proxy.max_concurrent_requests,
         ray_actor_options={"num_cpus": cfg.proxy.num_cpus,
                            "runtime_env": {"env_vars": dict(PROXY_REPLICA_ENV)}},
-    ).bind(engine, cfg.proxy.model_dump(), cfg.skills.model_dump(), str(cfg.storage_path()), sink_actors)
+    ).bind(engine, cfg.proxy.model_dump(), cfg.skills.model_dump(), str(cfg.storage_path()), sink_actors,
+           memory_args(cfg))
 
 
 def build_colocated(cfg: ClawrayConfig, sink_actors: list[str] | None = None):
@@ -105,7 +116,8 @@ def build_colocated(cfg: ClawrayConfig, sink_actors: list[str] | None = None):
         max_ongoing_requests=cfg.proxy.max_concurrent_requests,
         ray_actor_options={"num_cpus": cfg.engine.num_cpus + cfg.proxy.num_cpus,
                            "num_gpus": cfg.engine.num_gpus, "runtime_env": {"env_vars": env}},
-    ).bind(cfg.engine.backend, args, cfg.proxy.model_dump(), cfg.skills.model_dump(), storage, sink_actors)
+    ).bind(cfg.engine.backend, args, cfg.proxy.model_dump(), cfg.skills.model_dump(), storage, sink_actors,
+           memory_args(cfg))
 
 
 def build_app(cfg: ClawrayConfig, sink_actors: list[str] | None = None):

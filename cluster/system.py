@@ -1,7 +1,7 @@
 """The composition root: wires every plane into one running system from the validated config.
 
 Order matters only for readiness: the sinks exist before their producers (Replay ← PRM ← Proxy outbox;
-Evolver ← PRM), the control plane last (once serving is healthy). Every actor has its DESIGN.md name in namespace `clawray`.
+Evolver, Memory ← PRM), the control plane last (once serving is healthy). Every actor has its DESIGN.md name in namespace `clawray`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from core.config import ClawrayConfig
 from core.storage import StorageLayout
 
 log = logging.getLogger("clawray.system")
-ACTOR_NAMES = ("Replay", "Evolver", "OMLS", "Controller")
+MEMORY_NAME = "Memory"
+ACTOR_NAMES = ("Replay", "Evolver", MEMORY_NAME, "OMLS", "Controller")
 
 
 @dataclass
@@ -30,7 +31,7 @@ class System:
 
 def start_system(cfg: ClawrayConfig, *, detached: bool = False, serve_app: bool = True,
                  progress=None) -> System:
-    """Start (or join) Ray and bring up Replay, PRM pool, Evolver, OMLS, Controller and the Serve app."""
+    """Start (or join) Ray and bring up Replay, Evolver, Memory, PRM pool, the Serve app, OMLS and Controller."""
     from cluster.controller import start_controller
     from cluster.omls_actor import start_omls
     from cluster.runtime import deploy_serving, start_ray
@@ -54,12 +55,21 @@ def start_system(cfg: ClawrayConfig, *, detached: bool = False, serve_app: bool 
     step("Evolver actor (skill library)")
     handles["Evolver"] = get_or_create_evolver(layout.skills, cfg.skills, cfg.evolver, detached=detached)
     # The replay buffer follows the skill library's generation from the start (support/query split).
-    ray.get(handles["Replay"].set_generation.remote(ray.get(handles["Evolver"].generation.remote())))
+    # Generations never go back: a skills folder wiped or replaced since Replay last saw generation g is
+    # written up to a new generation above g (its S changed), never left below (Replay would retire
+    # every new sample served under the lower one).
+    replay_gen = ray.get(handles["Replay"].stats.remote())["generation"]
+    generation = ray.get(handles["Evolver"].reconcile_generation.remote(replay_gen))
+    ray.get(handles["Replay"].set_generation.remote(generation))
+    if cfg.memory.enabled:  # before the PRMs, which tell it about every scored turn
+        step("Memory actor (long-term memory)")
+        handles[MEMORY_NAME] = start_memory(cfg, layout, detached=detached)
     step(f"PRM pool ({cfg.rewards.pool_size} actor(s))")
     workspaces = cfg.rewards.workspace_root or str(layout.root / "workspaces")
     prms = start_prm_pool(cfg.rewards, functools.partial(ReplayActorSink), detached=detached,
                           tokenizer_path=cfg.model_path(), workspace_root=workspaces,
-                          judge_max_tokens=cfg.rewards.judge_max_tokens)
+                          judge_max_tokens=cfg.rewards.judge_max_tokens,
+                          observer_names=(MEMORY_NAME,) if cfg.memory.enabled else ())
     handles.update({prm_name(i): h for i, h in enumerate(prms)})
     base_url = ""
     if serve_app:
@@ -71,6 +81,20 @@ def start_system(cfg: ClawrayConfig, *, detached: bool = False, serve_app: bool 
     step(f"Controller (mode {cfg.scheduler.mode})")
     handles["Controller"] = start_controller(cfg, detached=detached)
     return System(cfg, base_url, handles)
+
+
+def start_memory(cfg: ClawrayConfig, layout: StorageLayout, *, detached: bool = False):
+    """The `Memory` actor (memory/actor.py), ready; it gets the skills plane's offline MiniLM loader as its
+    embedder factory (memory/ imports no other plane)."""
+    from evolve.embedding import SentenceEmbedder
+    from memory.actor import get_or_create_memory
+
+    model = cfg.memory.embedding_model
+    factory = functools.partial(SentenceEmbedder, model) if model else None
+    handle = get_or_create_memory(str(layout.memory), cfg.memory, factory, name=MEMORY_NAME,
+                                  namespace=cfg.ray.namespace, detached=detached)
+    ray.get(handle.ready.remote())
+    return handle
 
 
 def stop_system(cfg: ClawrayConfig | None = None) -> None:

@@ -65,11 +65,24 @@ class EngineConfig(Section):
     max_lora_rank: int = Field(default=16, ge=1)
     max_cpu_loras: int = Field(default=8, ge=1)
     adapter_retention: int = Field(default=3, ge=1)  # loaded versions kept; older are unloaded
+    # Newest published versions whose folders stay on disk (rollback targets); older folders are deleted
+    # unless active, recently activated or still loaded (core/storage.py `adapters_to_remove`).
+    adapter_disk_retention: int = Field(default=10, ge=1)
     tool_call_parser: str = "hermes"
+    # Sampling temperature of requests that send none (vLLM's `--override-generation-config`); None =
+    # the model's generation_config.json, else vLLM's 1.0. A client's own temperature always wins.
+    default_temperature: float | None = Field(default=None, ge=0, le=2)
     num_replicas: int = Field(default=1, ge=1)
     num_cpus: float = Field(default=1.0, gt=0)
     num_gpus: float = Field(default=0.0, ge=0)
     upstream: LLMEndpoint | None = None  # required when backend == "upstream"
+
+    @model_validator(mode="after")
+    def _disk_retention(self) -> EngineConfig:
+        if self.adapter_disk_retention < self.adapter_retention:
+            raise ValueError("engine.adapter_disk_retention must be >= engine.adapter_retention (a loaded "
+                             "version's folder must stay on disk: vLLM may reload it from there)")
+        return self
 
     @model_validator(mode="after")
     def _upstream(self) -> EngineConfig:
@@ -88,6 +101,9 @@ class ProxyConfig(Section):
     num_cpus: float = Field(default=0.5, gt=0)
     session_idle_timeout_s: float = Field(default=600.0, gt=0)
     outbox_retention_s: float = Field(default=86400.0, gt=0)  # dispatched turns stay this long in sessions.db
+    # A turn whose scoring fails this many times because of the turn itself (not a scorer outage) leaves
+    # the outbox as a dead letter (`clawray dlq`).
+    max_delivery_attempts: int = Field(default=5, ge=1)
     max_concurrent_requests: int = Field(default=256, ge=1)
     # Proxy logic in the engine's replica (no deployment-handle hop; see docs/serving.md "Co-located").
     colocate: bool = False
@@ -197,6 +213,49 @@ class SchedulerConfig(Section):
         return v
 
 
+class MemoryConfig(Section):
+    """Long-term memory (memory/, docs/memory.md): ingestion by the `Memory` actor, retrieval at the Proxy."""
+
+    enabled: bool = True
+    # Requests without X-User-Id all share the user "default": they get no memory unless this is set
+    # (a single-user setup whose agent sends no user id).
+    include_default_user: bool = False
+    extractor: Literal["offline", "llm"] = "offline"  # `llm` needs `llm`; `offline` = deterministic rules
+    llm: LLMEndpoint | None = None
+    llm_retries: int = Field(default=2, ge=0, le=5)  # re-asks after a reply that is not the required JSON
+    every_n_turns: int = Field(default=4, ge=1)  # a conversation's pending turns are ingested every N turns
+    flush_after_s: float = Field(default=3600.0, gt=0)  # ... or once its oldest pending turn is this old
+    summary_min_turns: int = Field(default=4, ge=1)  # conversations this long get a rolling working summary
+    embedding_model: str | None = "all-MiniLM-L6-v2"  # None = full-text retrieval only
+    dedup_threshold: float = Field(default=0.9, gt=0, le=1)  # cosine at which two units are one
+    top_k: int = Field(default=6, ge=0)  # units injected at most
+    candidates: int = Field(default=20, ge=1)  # per retrieval leg (full text, vectors) before fusion
+    min_similarity: float = Field(default=0.35, ge=-1, le=1)  # vector hits below are not relevant
+    fts_max_df: int = Field(default=2000, ge=1)  # query terms in more units of a scope are ignored
+    rrf_k: float = Field(default=60.0, gt=0)  # reciprocal-rank fusion constant
+    recency_half_life_days: float = Field(default=30.0, gt=0)
+    recency_weight: float = Field(default=0.3, ge=0, le=1)  # share of the score that decays with age
+    kind_weights: dict[str, float] = Field(default_factory=lambda: {
+        "preference": 1.2, "semantic": 1.0, "project_state": 1.1, "episodic": 0.7, "working_summary": 0.9})
+    # Tokens the injected skills and memory blocks may take together (skills first, memory the rest), and
+    # never more than the context leaves after the prompt and the reply (its max_tokens, else this reserve).
+    context_token_budget: int = Field(default=512, ge=0)
+    reply_reserve_tokens: int = Field(default=256, ge=0)
+    query_max_chars: int = Field(default=400, ge=16)  # of the last user message, for the query encoder
+    exact_search_limit: int = Field(default=20000, ge=0)  # larger scopes use the binary prefilter
+    max_units_per_scope: int = Field(default=100_000, ge=1)  # retention: oldest (superseded first) go
+    max_age_days: float | None = Field(default=None, gt=0)  # retention: units not confirmed for this long go
+
+    @model_validator(mode="after")
+    def _valid(self) -> MemoryConfig:
+        if self.extractor == "llm" and self.llm is None:
+            raise ValueError("memory.llm must be set when memory.extractor is 'llm'")
+        kinds = {"episodic", "semantic", "preference", "project_state", "working_summary"}
+        if unknown := sorted(set(self.kind_weights) - kinds):
+            raise ValueError(f"memory.kind_weights: unknown kind(s) {unknown}; valid: {sorted(kinds)}")
+        return self
+
+
 class RayConfig(Section):
     address: str | None = None  # None = start a local cluster
     namespace: str = "clawray"
@@ -218,6 +277,19 @@ class ClawrayConfig(Section):
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
+
+    @model_validator(mode="after")
+    def _lora_fits_engine(self) -> ClawrayConfig:
+        # vLLM refuses an adapter of a larger rank only when it is loaded, i.e. after a whole training
+        # window; an upstream engine loads no clawray adapters, so its limit does not apply.
+        if self.engine.backend == "vllm" and self.train.lora.rank > self.engine.max_lora_rank:
+            raise ValueError(
+                f"train.lora.rank ({self.train.lora.rank}) exceeds engine.max_lora_rank "
+                f"({self.engine.max_lora_rank}): serving could not load the adapters training publishes; "
+                "lower the rank or raise engine.max_lora_rank"
+            )
+        return self
 
     def storage_path(self) -> Path:
         p = Path(self.storage_root)

@@ -46,6 +46,20 @@ class Vote(Record):
     score: int | None  # parsed score in {-1, 0, 1}; None = unparseable
 
 
+class Sampling(Record):
+    """The sampling parameters a response was drawn with, as the engine ran them (defaults included).
+
+    The engine records each sampled token's logprob under exactly this distribution (vLLM
+    `logprobs_mode=processed_logprobs`: logits / temperature, then top-k, then top-p), and the trainer
+    recomputes its own logprobs with the same processing per row (train/step.py), so the importance
+    ratio compares like with like. The defaults are the unprocessed distribution.
+    """
+
+    temperature: float = Field(default=1.0, ge=0)  # < 1e-5 means greedy: vLLM then reports temperature 1
+    top_p: float = Field(default=1.0, gt=0, le=1)  # 1 = off
+    top_k: int = Field(default=0, ge=0)  # 0 = off
+
+
 class Turn(Record):
     """One assistant turn as captured at the proxy, token-exact (DESIGN.md request path 4).
 
@@ -64,15 +78,25 @@ class Turn(Record):
     response_logprobs: list[float]  # (R,) engine logprob of each sampled id, nats
     response_text: str = ""
     tool_calls: list[dict[str, Any]] = Field(default_factory=list)
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # "length": cut by max_tokens (see `truncated`)
+    sampling: Sampling = Field(default_factory=Sampling)  # what the response was sampled with
     skills: list[str] = Field(default_factory=list)  # names of injected skills
+    memories: list[str] = Field(default_factory=list)  # ids of injected memory units (memory/)
+    memory_scope: Literal["user", "workspace", "session", "off"] = "user"  # X-Memory-Scope: widest scope
     skill_generation: int = Field(default=0, ge=0)
     adapter_version: str | None = None  # None = base model
     group_id: str | None = None  # set when n > 1 responses share one prompt
+    group_size: int = Field(default=1, ge=1)  # responses sampled for that prompt (the group is whole at n)
     next_state: list[dict[str, Any]] | None = None  # messages that followed (feedback, tool results)
-    last_in_session: bool = False  # flushed by X-Session-Done or the idle timeout
+    last_in_session: bool = False  # no later turn will follow: X-Session-Done, the end route or idle flush
+    idle_flushed: bool = False  # completed by the idle timeout: the conversation went quiet, not ended
     eval_spec: dict[str, Any] | None = None  # programmatic check sent by the client ("clawray_eval")
     created_at: float = Field(default_factory=now)
+
+    @property
+    def truncated(self) -> bool:
+        """The reply was cut by the token limit (rewards/scoring.py states how such turns are handled)."""
+        return self.finish_reason == "length"
 
     @model_validator(mode="after")
     def _lengths(self) -> Turn:
@@ -93,18 +117,22 @@ class Sample(Record):
     tenant: str = "default"
     prompt_ids: list[int]  # (P,)
     response_ids: list[int]  # (R,)
-    response_logprobs: list[float]  # (R,) engine logprobs (behaviour policy)
+    response_logprobs: list[float]  # (R,) engine logprobs (behaviour policy, under `sampling`)
+    sampling: Sampling = Field(default_factory=Sampling)  # the trainer's logprobs use the same processing
+    truncated: bool = False  # the reply was cut by max_tokens (rewards/scoring.py's rule)
     reward: float
     loss_mask: list[int]  # (R,) 1 = token is trained on
     skill_generation: int = Field(ge=0)
     adapter_version: str | None = None
     group_id: str | None = None
+    group_size: int = Field(default=1, ge=1)  # members of the group; leased together once all arrived
     created_at: float = Field(default_factory=now)
     # Audit fields (optional): how the reward was obtained.
     votes: list[Vote] = Field(default_factory=list)
     reward_source: str = ""  # e.g. "judge", "checker:iso8601", "judge+checker"
     teacher_logprobs: list[float] | None = None  # (R,) OPD teacher logprobs, same tokenizer only
     skills: list[str] = Field(default_factory=list)
+    memories: list[str] = Field(default_factory=list)  # ids of the memory units the policy saw
     turn_id: str | None = None
 
     @field_validator("loss_mask")
@@ -143,12 +171,16 @@ class Sample(Record):
             prompt_ids=turn.prompt_ids,
             response_ids=turn.response_ids,
             response_logprobs=turn.response_logprobs,
+            sampling=turn.sampling,
+            truncated=turn.truncated,
             reward=reward,
             loss_mask=mask,
             skill_generation=turn.skill_generation,
             adapter_version=turn.adapter_version,
             group_id=turn.group_id,
+            group_size=turn.group_size,
             skills=turn.skills,
+            memories=turn.memories,
             turn_id=turn.turn_id,
             **audit,
         )
@@ -208,4 +240,4 @@ def parse_adapter_name(name: str) -> int:
     return int(m.group(1))
 
 
-SampleState = Literal["fresh", "leased", "trained", "retired", "support", "masked"]
+SampleState = Literal["fresh", "leased", "sealed", "trained", "retired", "support", "masked", "dead"]

@@ -1,13 +1,29 @@
-"""The storage root layout (DESIGN.md "State") and atomic file writes shared by every plane."""
+"""The storage root layout (DESIGN.md "State") and atomic, durable file writes shared by every plane.
+
+Every rename that publishes something (a file, an adapter or skill folder) goes through `rename_durably`,
+which fsyncs the parent directory after the rename: without it the new entry may vanish on power loss.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 import tempfile
+import time
+import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from core.contracts import ADAPTER_NAME_RE
+
+log = logging.getLogger("clawray.storage")
+
+TMP_PREFIX = ".tmp-"  # folders being written (a publish) or removed; never a version
+TMP_GRACE_S = 3600.0  # a publish takes seconds: a temp folder untouched for an hour is a crashed writer's
 
 
 @dataclass(frozen=True)
@@ -40,14 +56,38 @@ class StorageLayout:
     def control(self) -> Path:  # cluster/ (OMLS, controller state)
         return self.root / "control"
 
+    @property
+    def memory(self) -> Path:  # memory/ (memory units, ingestion inbox)
+        return self.root / "memory"
+
     def ensure(self) -> StorageLayout:
-        for p in (self.skills, self.adapters, self.checkpoints, self.replay, self.sessions, self.control):
+        for p in (self.skills, self.adapters, self.checkpoints, self.replay, self.sessions, self.control,
+                  self.memory):
             p.mkdir(parents=True, exist_ok=True)
         return self
 
 
+def fsync_dir(path: Path) -> None:
+    """fsync a directory, so the entries renamed into (or out of) it survive a power loss."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rename_durably(src: Path, dst: Path) -> None:
+    """`os.replace(src, dst)` (atomic; a non-empty `dst` folder is refused with OSError), then fsync the
+    directories that changed: the rename itself is only durable once the parent is on disk."""
+    os.replace(src, dst)
+    fsync_dir(Path(dst).parent)
+    if Path(src).parent != Path(dst).parent:
+        fsync_dir(Path(src).parent)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` so readers see the old or the new content, never a partial file."""
+    """Write `text` to `path` so readers see the old or the new content, never a partial file; durable
+    when it returns (file and parent directory fsynced)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -56,7 +96,7 @@ def atomic_write_text(path: Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; these files are meant to be read by other tools
-        os.replace(tmp, path)
+        rename_durably(Path(tmp), path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -71,3 +111,56 @@ def read_json(path: Path, default: Any = None) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return default
+
+
+# ------------------------------------------------------------------------------------ adapter folders
+def adapters_to_remove(names: Iterable[str], keep: set[str], keep_newest: int) -> list[str]:
+    """The version folders among `names` that the retention rule removes, oldest first (pure).
+
+    The rule: a version stays when it is in `keep` (the serving side passes the active version, the
+    versions activated recently by any replica, and every version this replica still has loaded,
+    retiring ones included: they may still be serving requests) or is one of the `keep_newest` highest
+    version numbers (published but not activated yet, or a rollback target). Every other
+    `policy-vNNNN` goes. Names that are not versions (`active.json`, temp folders) are never listed.
+    """
+    versions = sorted((int(m.group(1)), n) for n in names if (m := ADAPTER_NAME_RE.fullmatch(n)))
+    newest = {n for _, n in versions[len(versions) - keep_newest:]} if keep_newest > 0 else set()
+    return [n for _, n in versions if n not in keep and n not in newest]
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a folder so that no reader ever sees it half-deleted: rename it to a temp name, then
+    delete; a crash in between leaves a temp folder that `remove_stale_temps` clears later."""
+    trash = path.parent / f"{TMP_PREFIX}removed-{path.name}-{uuid.uuid4().hex[:8]}"
+    rename_durably(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def remove_stale_temps(folder: Path, grace_s: float = TMP_GRACE_S) -> list[str]:
+    """Remove `.tmp-*` entries of `folder` untouched for more than `grace_s` (a crashed writer's)."""
+    gone, now = [], time.time()
+    for p in folder.iterdir() if folder.is_dir() else ():
+        try:
+            if not p.name.startswith(TMP_PREFIX) or now - p.lstat().st_mtime <= grace_s:
+                continue
+            if p.is_dir():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+            gone.append(p.name)
+        except OSError as e:  # gone meanwhile, or not ours to delete: the next pass tries again
+            log.warning("cannot remove leftover %s: %s", p, e)
+    return gone
+
+
+def prune_adapters(adapters_dir: Path, keep: set[str], keep_newest: int) -> list[str]:
+    """Remove the version folders `adapters_to_remove` names and stale temp folders; returns what went."""
+    gone = remove_stale_temps(adapters_dir)
+    names = [p.name for p in adapters_dir.iterdir()] if adapters_dir.is_dir() else []
+    for name in adapters_to_remove(names, keep, keep_newest):
+        try:
+            remove_tree(adapters_dir / name)
+            gone.append(name)
+        except OSError as e:
+            log.warning("cannot remove adapter folder %s: %s", name, e)
+    return gone

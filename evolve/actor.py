@@ -4,6 +4,8 @@ Name `Evolver`, namespace `clawray`. The PRM (or whoever scores turns) calls `ob
 for every scored main turn; the actor buffers, triggers evolutions, writes the SkillBank, and tells the
 `Replay` actor (if there is one) which samples were the support set and the new skill generation.
 It is an async actor, so `stats()` and further `observe` calls are served while an LLM evolver waits.
+Each evolution runs inside a replay fence (evolve/loop.py); the bank's generation never goes back
+(a wiped skills folder is reconciled at start-up, against Replay's generation, and at the next turn).
 
 Metrics (`ray.util.metrics`, Prometheus via the Ray metrics agent): counters
 `clawray_evolutions_triggered`, `clawray_evolutions_accepted`, `clawray_evolutions_rejected`,
@@ -36,30 +38,61 @@ REPLAY_TIMEOUT_S = 10.0
 
 
 class RayReplayLink:
-    """Tells the `Replay` actor about support samples and generations; absent or failing -> logged."""
+    """The evolution fence on the `Replay` actor (evolve/loop.py). No Replay actor (skills-only
+    deployments, tests): every failure may be evolved from. A failing one: nothing is claimed, so the
+    evolution uses no failure (it could not keep them out of training); logged and counted."""
 
     def __init__(self, name: str = REPLAY_NAME, namespace: str = NAMESPACE):
         self.name, self.namespace = name, namespace
         self.errors = 0
 
-    async def _call(self, method: str, arg: Any) -> None:
+    def _handle(self, method: str):
         try:
-            handle = ray.get_actor(self.name, namespace=self.namespace)
-        except ValueError:  # no Replay actor (skills-only deployments, tests): nothing to tell
+            return ray.get_actor(self.name, namespace=self.namespace)
+        except ValueError:
             log.info("no %s actor; %s skipped", self.name, method)
-            return
+            return None
+
+    async def _call(self, method: str, *args: Any) -> tuple[bool, Any]:
+        """(reached, result): reached is False when there is no Replay actor; raises RayError/TimeoutError."""
+        handle = self._handle(method)
+        if handle is None:
+            return False, None
+        return True, await asyncio.wait_for(getattr(handle, method).remote(*args), timeout=REPLAY_TIMEOUT_S)
+
+    async def begin_evolution(self, sample_ids: list[str], ttl_s: float) -> tuple[str | None, list[str]]:
         try:
-            await asyncio.wait_for(getattr(handle, method).remote(arg), timeout=REPLAY_TIMEOUT_S)
+            reached, out = await self._call("begin_evolution", list(sample_ids), float(ttl_s))
         except (ray.exceptions.RayError, TimeoutError) as e:
             self.errors += 1
-            log.warning("%s.%s failed: %s", self.name, method, e)
+            log.warning("%s.begin_evolution failed: %s; the evolution claims no failure", self.name, e)
+            return None, []
+        return (out[0], list(out[1])) if reached else (None, list(sample_ids))
 
-    async def mark_support(self, sample_ids: list[str]) -> None:
-        if sample_ids:
-            await self._call("mark_support", list(sample_ids))
+    async def end_evolution(self, token: str | None, generation: int | None, release_ids: list[str]) -> None:
+        if token is None and generation is None:
+            return
+        try:
+            if token is None:  # no fence was opened (no Replay then): still announce the generation
+                await self._call("set_generation", int(generation))
+            else:
+                await self._call("end_evolution", token, generation, list(release_ids))
+        except (ray.exceptions.RayError, TimeoutError) as e:
+            # The fence expires on its own; samples of the new generation advance Replay when they arrive.
+            self.errors += 1
+            log.warning("%s.end_evolution failed: %s", self.name, e)
 
-    async def set_generation(self, generation: int) -> None:
-        await self._call("set_generation", int(generation))
+    def generation(self) -> int:
+        """Replay's current generation (0 without a Replay actor); blocking, for start-up only."""
+        handle = self._handle("generation")
+        if handle is None:
+            return 0
+        try:
+            return int(ray.get(handle.stats.remote(), timeout=REPLAY_TIMEOUT_S)["generation"])
+        except (ray.exceptions.RayError, TimeoutError) as e:
+            self.errors += 1
+            log.warning("%s.stats failed: %s", self.name, e)
+            return 0
 
 
 @ray.remote(num_cpus=0.1, max_restarts=-1)
@@ -82,14 +115,17 @@ class Evolver:
         self._gauges = {"skills": Gauge("clawray_skills", description="skills in the library"),
                         "generation": Gauge("clawray_skill_generation", description="skill generation")}
         self._exported = {k: 0 for k in self._counters}
+        self._loop.reconcile(self._replay.generation())  # e.g. restarted after the skills folder was wiped
         self._export()
 
     async def observe(self, turn: Turn, sample: Sample) -> dict[str, Any] | None:
         """Buffer one scored turn; returns the evolution report when it triggered one."""
+        self._loop.reconcile()  # cheap (a few stats): a wiped folder is healed at the next turn
         return self._done(await self._loop.observe(turn, sample))
 
     async def observe_many(self, pairs: list[tuple[Turn, Sample]]) -> list[dict[str, Any]]:
         """`observe` for several turns in order; returns the reports of the evolutions triggered."""
+        self._loop.reconcile()
         reports = [await self._loop.observe(t, s) for t, s in pairs]
         return [r for r in (self._done(x) for x in reports) if r is not None]
 
@@ -102,6 +138,13 @@ class Evolver:
 
     def generation(self) -> int:
         return self._bank.generation
+
+    def reconcile_generation(self, floor: int = 0) -> int:
+        """Write a new generation when the skills folder went back (below one seen, or below `floor`:
+        Replay's generation at system start). Returns the bank's generation."""
+        gen = self._loop.reconcile(floor)
+        self._export()
+        return gen
 
     def _done(self, report: EvolutionReport | None) -> dict[str, Any] | None:
         self._export()

@@ -27,7 +27,7 @@ import numpy as np
 
 from core.config import SkillsConfig
 from core.contracts import SKILL_NAME_RE, Skill
-from core.storage import atomic_write_text
+from core.storage import atomic_write_text, rename_durably
 from evolve import store
 from evolve.embedding import Embedder, EmbeddingCache, VectorSet
 from evolve.skill_md import SkillFormatError, content_key, parse_skill_md, render_skill_md
@@ -80,7 +80,8 @@ class SkillBank:
         self._keys: dict[str, str] = {}  # name -> content_key
         self._folders: dict[str, str] = {}  # casefolded folder name -> folder name (incl. malformed)
         self._problems: dict[str, str] = {}  # folder (or file) -> why it was skipped
-        self._gen = 0
+        self._gen = 0  # the highest generation seen: readers never report a lower one
+        self._disk_gen = 0  # what the folder says now (lower than _gen after a wipe or replacement)
         self._gen_raw: str | None = None
         self._hist_off = 0
         self._root_mtime = 0
@@ -92,7 +93,13 @@ class SkillBank:
     # ---------------------------------------------------------------- read side
     @property
     def generation(self) -> int:
+        """Monotonic: a skills folder that went back (wiped, replaced) does not lower it."""
         return self._gen
+
+    @property
+    def disk_generation(self) -> int:
+        """The generation the folder holds now; below `generation` when it went back."""
+        return self._disk_gen
 
     @property
     def version(self) -> int:
@@ -206,7 +213,7 @@ class SkillBank:
                 raise BankError(f"no skill named {name!r}")
             # Rename first so readers never see a half-deleted folder, then delete.
             trash = self.root / f".trash-{name}-{uuid.uuid4().hex[:8]}"
-            os.replace(folder, trash)
+            rename_durably(folder, trash)
             shutil.rmtree(trash, ignore_errors=True)
             old = self._skills.get(name)
             self._load_folder(name)  # forgets it
@@ -214,6 +221,21 @@ class SkillBank:
             self._commit([{"ts": store.utc_now(), "action": "remove", "name": name,
                            "generation": self._gen + 1, "version": version, "evolver": evolver,
                            "origin_sessions": []}], self._gen + 1)
+            return self._gen
+
+    def ensure_generation(self, floor: int = 0, evolver: str = "reconcile") -> int:
+        """Reconcile a folder that went back: when its generation is below the highest one seen (or
+        below `floor`, e.g. the replay buffer's), write a NEW generation above both (S changed, so
+        samples served before must be retired). Returns the generation."""
+        with self._lock, self._file_lock.hold():
+            self.reload()
+            if self._disk_gen >= max(self._gen, floor):
+                return self._gen
+            new = max(self._gen, floor) + 1
+            log.warning("skills folder %s holds generation %d, below %d (wiped or replaced): writing "
+                        "generation %d", self.root, self._disk_gen, max(self._gen, floor), new)
+            self._commit([{"ts": store.utc_now(), "action": "reconcile", "name": "", "generation": new,
+                           "version": 0, "evolver": evolver, "origin_sessions": []}], new)
             return self._gen
 
     # ---------------------------------------------------------------- decisions
@@ -290,7 +312,7 @@ class SkillBank:
             tmp = self.root / f".tmp-{skill.name}-{uuid.uuid4().hex[:8]}"
             atomic_write_text(tmp / "SKILL.md", text)
             try:
-                os.rename(tmp, target)
+                rename_durably(tmp, target)
             except OSError:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
@@ -379,7 +401,11 @@ class SkillBank:
             self._problems[store.GENERATION_FILE] = f"malformed ({raw!r}); using {gen} from the history"
             log.error("%s is malformed (%r); using generation %d from the history",
                       self.root / store.GENERATION_FILE, raw, gen)
-        self._gen, self._gen_raw = gen, raw
+        if gen < self._gen:
+            log.warning("skills folder %s went back from generation %d to %d (wiped or replaced?): "
+                        "readers keep %d until the Evolver writes a new generation above it",
+                        self.root, self._gen, gen, self._gen)
+        self._disk_gen, self._gen, self._gen_raw = gen, max(gen, self._gen), raw
 
     def _root_mtime_ns(self) -> int:
         return os.stat(self.root).st_mtime_ns

@@ -4,42 +4,76 @@
 logic is unit-testable. Per session it buffers the scored main turns since the session's last
 evolution. Triggers (EvolverConfig), each needing at least `min_failures` failed turns (reward <= 0):
 - `every_n_turns` main turns of a session (0 = off),
-- the session's end (`turn.last_in_session`, when `on_session_end`),
+- the session's end (`turn.last_in_session`, when `on_session_end`); an idle flush (`turn.idle_flushed`)
+  is not an end: the conversation only went quiet, so its buffer stays open (the oldest open sessions are
+  forgotten beyond `MAX_OPEN_SESSIONS`),
 - a failure rate of the buffered turns above `failure_rate_threshold`.
-The failed turns of an evolution that changed the library (new or changed skills, a new generation) are
-the support set: the replay buffer is told to mark them support (never trained on) and the new
-generation. An evolution that only re-found known lessons leaves its turns as query samples.
+An ended session whose failures fired no trigger keeps them (within the same bound) for a manual
+evolution (`evolve_now`, the `Evolver` actor's manual trigger; the demo's midday evolution uses it).
+A sample is observed once: the outbox re-delivers a turn whose acknowledgement was lost and the PRM
+notifies after every successful store, so repeats of a sample id are ignored (the last
+`MAX_OBSERVED_IDS` ids are remembered, in memory: after an Evolver restart a repeat may count again).
+Support/query separation under overlap (train/replay_store.py): an evolution first claims its failures
+as support in the replay buffer and opens a fence (`begin_evolution`), BEFORE the evolver runs and the
+bank writes a new generation; it evolves from the claimed failures only (one already trained, or sealed
+by a training step, cannot become support and is left out); then it writes the bank and closes the fence
+(`end_evolution`) with the new generation when S changed. An evolution that changed nothing (only
+merges: lessons S already had, a rejection, an error) hands its claims back as query samples. The
+evolver runs within the fence's budget (`fence_ttl_s`), so a fence never expires under a live evolution.
+The bank's generation never goes back (`reconcile`): a wiped or replaced skills folder is written up to
+a new generation above the highest one seen, so Replay never silently retires every new sample.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from core.config import EvolverConfig
 from core.contracts import Sample, Turn, TurnType
-from evolve.bank import SkillBank
+from evolve.bank import BatchResult, SkillBank
 from evolve.evolvers import EvolveError, Evolver, Failure
 
 log = logging.getLogger(__name__)
+MAX_OBSERVED_IDS = 100_000  # sample ids remembered to ignore re-deliveries
+MAX_OPEN_SESSIONS = 10_000  # sessions buffered at once (quiet ones never end explicitly)
+
+
+LLM_EVOLVER_ATTEMPTS = 3  # LLMEvolver's max_attempts: chat calls per evolution, each with client retries
+FENCE_SLACK_S = 30.0  # fence time left for the bank write and end_evolution after the evolver's budget
+
+
+def fence_ttl_s(cfg: EvolverConfig) -> float:
+    """How long an evolution may hold its replay fence: the evolver's worst case (every LLM attempt
+    timing out after all retries and backoffs) plus slack. A crashed evolver blocks training seals this
+    long at most."""
+    if cfg.llm is None:
+        return 120.0
+    e = cfg.llm
+    per_call = (e.max_retries + 1) * e.timeout_s + e.backoff_s * 2 ** e.max_retries
+    return LLM_EVOLVER_ATTEMPTS * per_call + 2 * FENCE_SLACK_S
 
 
 class ReplayLink(Protocol):
-    """What the loop tells the replay buffer. Implementations must not raise."""
+    """What the loop tells the replay buffer (see the module docstring). Implementations must not raise:
+    a buffer that cannot be told claims nothing."""
 
-    async def mark_support(self, sample_ids: list[str]) -> None: ...
+    async def begin_evolution(self, sample_ids: list[str], ttl_s: float) -> tuple[str | None, list[str]]: ...
 
-    async def set_generation(self, generation: int) -> None: ...
+    async def end_evolution(self, token: str | None, generation: int | None, release_ids: list[str]) -> None: ...
 
 
 class NoReplay:
-    async def mark_support(self, sample_ids: list[str]) -> None:
-        pass
+    """No replay buffer (skills-only deployments): every failure may be evolved from."""
 
-    async def set_generation(self, generation: int) -> None:
+    async def begin_evolution(self, sample_ids: list[str], ttl_s: float) -> tuple[str | None, list[str]]:
+        return None, list(sample_ids)
+
+    async def end_evolution(self, token: str | None, generation: int | None, release_ids: list[str]) -> None:
         pass
 
 
@@ -93,11 +127,13 @@ class EvolutionLoop:
     """Triggers + evolution + bookkeeping. Async because evolvers are; safe for concurrent calls."""
 
     def __init__(self, bank: SkillBank, cfg: EvolverConfig, evolver: Evolver,
-                 replay: ReplayLink | None = None):
+                 replay: ReplayLink | None = None, fence_ttl: float | None = None):
         self.bank, self.cfg, self.evolver = bank, cfg, evolver
         self.replay = replay or NoReplay()
+        self.fence_ttl = fence_ttl_s(cfg) if fence_ttl is None else fence_ttl
         self._pending: dict[str, list[_Entry]] = {}
-        self._turns: dict[str, int] = {}  # main turns seen per open session
+        self._turns: dict[str, int] = {}  # main turns seen per open session, least recently seen first
+        self._observed: OrderedDict[str, None] = OrderedDict()  # sample ids seen, oldest first
         self._lock = asyncio.Lock()  # one evolution at a time: each sees the previous one's skills
         self.counters = {"turns_observed": 0, "evolutions_triggered": 0, "evolutions_accepted": 0,
                          "evolutions_rejected": 0, "skills_accepted": 0, "skills_rejected": 0,
@@ -105,24 +141,47 @@ class EvolutionLoop:
         self.last_error: str | None = None
 
     async def observe(self, turn: Turn, sample: Sample) -> EvolutionReport | None:
-        """Buffer one scored turn; evolve if a trigger fires. Side turns are ignored."""
-        if turn.turn_type != TurnType.main:
+        """Buffer one scored turn; evolve if a trigger fires. Side turns and samples already observed
+        are ignored."""
+        if turn.turn_type != TurnType.main or not self._first_sight(sample.sample_id):
             return None
         sid = turn.session_id
         self.counters["turns_observed"] += 1
         failed = sample.reward <= 0
-        entries = self._pending.setdefault(sid, [])
+        entries = self._open(sid)
         entries.append(_Entry(sample.sample_id, failure_from(turn, sample) if failed else None))
-        n = self._turns[sid] = self._turns.get(sid, 0) + 1
-        trigger = self._trigger(entries, n, turn.last_in_session)
-        if turn.last_in_session:  # the session is over: forget it whether or not it evolves
+        n = self._turns[sid] = self._turns[sid] + 1
+        ended = turn.last_in_session and not turn.idle_flushed  # an idle flush is not the session's end
+        trigger = self._trigger(entries, n, ended)
+        if ended:  # the session is over: forget it whether or not it evolves
             self._turns.pop(sid, None)
         if trigger is None:
-            if turn.last_in_session:
-                self._pending.pop(sid, None)
+            if ended and not any(e.failure is not None for e in entries):
+                self._pending.pop(sid, None)  # nothing left to learn from; failures wait for evolve_now
             return None
         batch = self._pending.pop(sid, [])
         return await self._evolve(trigger, [e.failure for e in batch if e.failure is not None])
+
+    def _first_sight(self, sample_id: str) -> bool:
+        if sample_id in self._observed:
+            return False
+        self._observed[sample_id] = None
+        if len(self._observed) > MAX_OBSERVED_IDS:
+            self._observed.popitem(last=False)
+        return True
+
+    def _open(self, sid: str) -> list[_Entry]:
+        """The session's buffer, the session marked most recently seen; beyond MAX_OPEN_SESSIONS the
+        least recently seen session is forgotten (sessions that go quiet never end explicitly)."""
+        self._turns[sid] = self._turns.pop(sid, 0)
+        entries = self._pending[sid] = self._pending.pop(sid, [])
+        while len(self._turns) > MAX_OPEN_SESSIONS:
+            oldest = next(iter(self._turns))
+            self._turns.pop(oldest)
+            self._pending.pop(oldest, None)
+        while len(self._pending) > MAX_OPEN_SESSIONS:  # ended sessions' unused failures, oldest first
+            self._pending.pop(next(iter(self._pending)))
+        return entries
 
     async def evolve_now(self, session_id: str | None = None) -> EvolutionReport | None:
         """Evolve from the buffered failures of one session (or all) now, ignoring the triggers."""
@@ -141,11 +200,11 @@ class EvolutionLoop:
                 "pending_failures": sum(self.pending().values()), "evolver": self.evolver.name,
                 "last_error": self.last_error}
 
-    def _trigger(self, entries: list[_Entry], n_turns: int, last: bool) -> str | None:
+    def _trigger(self, entries: list[_Entry], n_turns: int, ended: bool) -> str | None:
         fails = sum(e.failure is not None for e in entries)
         if fails < self.cfg.min_failures:
             return None
-        if self.cfg.on_session_end and last:
+        if self.cfg.on_session_end and ended:
             return "session_end"
         if self.cfg.every_n_turns and n_turns % self.cfg.every_n_turns == 0:
             return "every_n_turns"
@@ -154,19 +213,51 @@ class EvolutionLoop:
         return None
 
     async def _evolve(self, trigger: str, failures: Sequence[Failure]) -> EvolutionReport:
-        sessions = sorted({f.session_id for f in failures})
-        report = EvolutionReport(trigger, sessions, len(failures))
+        report = EvolutionReport(trigger, sorted({f.session_id for f in failures}), len(failures))
         async with self._lock:
             self.counters["evolutions_triggered"] += 1
-            self.bank.reload()
+            token, claimed = await self.replay.begin_evolution([f.sample_id for f in failures], self.fence_ttl)
+            mine = set(claimed)
+            usable = [f for f in failures if f.sample_id in mine]
+            if len(usable) < len(failures):
+                log.info("evolution (%s): %d of %d failure(s) left out: already trained (or sealed by a "
+                         "training step), or the replay buffer could not be told", trigger,
+                         len(failures) - len(usable), len(failures))
+            report.failures, report.sessions = len(usable), sorted({f.session_id for f in usable})
+            generation, result = None, None
             try:
-                skills = await self.evolver.evolve(list(failures), list(self.bank.skills()))
-            except EvolveError as e:
-                return self._rejected(report, str(e))
-            report.produced = [s.name for s in skills]
-            if not skills:
-                return self._rejected(report, "the evolver produced no skill")
-            result = self.bank.add_batch(skills, sessions, self.evolver.name, allow_updates=True)
+                result = await self._run(report, usable)
+                generation = result.generation if result is not None and result.accepted else None
+            finally:
+                # S changed: the claimed failures stay support and the new generation retires older
+                # samples. Otherwise (merges only, rejected, error) they taught nothing: back to query.
+                await self.replay.end_evolution(token, generation, [] if generation is not None else claimed)
+        if result is None:
+            return report
+        log.info("evolution (%s, %d failures): accepted %s, merged %s, rejected %s -> generation %d",
+                 trigger, len(usable), result.accepted, result.merged, report.rejected, result.generation)
+        return report
+
+    async def _run(self, report: EvolutionReport, failures: list[Failure]) -> BatchResult | None:
+        """Evolver + bank write, inside the fence; None when rejected (the report says why)."""
+        if not failures:
+            self._rejected(report, "no failure could be claimed as support (already trained?)")
+            return None
+        self.reconcile()
+        budget = max(self.fence_ttl - FENCE_SLACK_S, self.fence_ttl / 2)
+        try:
+            skills = await asyncio.wait_for(self.evolver.evolve(failures, list(self.bank.skills())), budget)
+        except EvolveError as e:
+            self._rejected(report, str(e))
+            return None
+        except TimeoutError:
+            self._rejected(report, f"the evolver took longer than its fence budget ({budget:.0f} s)")
+            return None
+        report.produced = [s.name for s in skills]
+        if not skills:
+            self._rejected(report, "the evolver produced no skill")
+            return None
+        result = self.bank.add_batch(skills, report.sessions, self.evolver.name, allow_updates=True)
         report.accepted, report.merged = result.accepted, result.merged
         report.rejected = {r.name: r.reason for r in result.rejected}
         report.generation = result.generation
@@ -174,17 +265,19 @@ class EvolutionLoop:
         self.counters["skills_merged"] += len(result.merged)
         self.counters["skills_rejected"] += len(result.rejected)
         if not (result.accepted or result.merged):
-            return self._rejected(report, "every produced skill was rejected by the bank")
+            self._rejected(report, "every produced skill was rejected by the bank")
+            return None
         self.counters["evolutions_accepted"] += 1
-        if result.accepted:
-            # The support set: these failures changed S (a new generation), so they are never trained
-            # on. Failures whose lessons S already had (merged: same content, no new generation) taught
-            # nothing new and stay query samples of the current generation.
-            await self.replay.mark_support([f.sample_id for f in failures])
-            await self.replay.set_generation(result.generation)
-        log.info("evolution (%s, %d failures): accepted %s, merged %s, rejected %s -> generation %d",
-                 trigger, len(failures), result.accepted, result.merged, report.rejected, result.generation)
-        return report
+        return result
+
+    def reconcile(self, floor: int = 0) -> int:
+        """Keep the generation monotonic: when the skills folder went back (wiped or replaced: its
+        generation is below one already seen, or below `floor`, e.g. Replay's), write a NEW generation
+        above both, since S changed. Returns the bank's generation."""
+        self.bank.reload()
+        if self.bank.disk_generation < max(self.bank.generation, floor):
+            return self.bank.ensure_generation(floor, evolver=self.evolver.name)
+        return self.bank.generation
 
     def _rejected(self, report: EvolutionReport, why: str) -> EvolutionReport:
         self.counters["evolutions_rejected"] += 1

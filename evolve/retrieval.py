@@ -5,13 +5,15 @@
 - `embedding`: cosine similarity between the query and each skill (all-MiniLM-L6-v2 by default);
   best `top_k` general skills and best `task_specific_top_k` of the other categories.
 
-`build(skills)` prepares an immutable index (swapped in whole, so `retrieve` may run concurrently);
+`build(skills)` returns an immutable index (swapped in whole, so `retrieve` may run concurrently);
 the scoring itself is pure numpy (`overlap_scores`, `cosine_scores`, `top_k_indices`).
-`SkillSearch` is the read side for the Proxy: `refresh()` once a second, `retrieve(query)` per request.
+`SkillSearch` is the read side for the Proxy: `refresh()` once a second, `lookup(query)` per request,
+which returns the skills together with the generation of the library they came from.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,11 +30,13 @@ from evolve.text import GENERAL_CATEGORIES, detect_task_type, tokenize
 
 
 class Retriever(Protocol):
-    def build(self, skills: Sequence[Skill]) -> None:
-        """Index `skills` (the whole library); cheap for skills seen before."""
+    def build(self, skills: Sequence[Skill]) -> object:
+        """Index `skills` (the whole library); cheap for skills seen before. Returns the immutable index,
+        which also becomes the retriever's current one."""
         ...
 
-    def retrieve(self, query: str, top_k: int, task_specific_top_k: int) -> list[Skill]:
+    def retrieve(self, query: str, top_k: int, task_specific_top_k: int, index: object = None) -> list[Skill]:
+        """Best skills for `query` from `index` (a value `build` returned; default: the current one)."""
         ...
 
 
@@ -134,7 +138,7 @@ class TemplateRetriever:
             self._tok_cache[key] = ids
         return ids
 
-    def build(self, skills: Sequence[Skill]) -> None:
+    def build(self, skills: Sequence[Skill]) -> tuple[_Groups, np.ndarray, np.ndarray]:
         groups = _groups(skills)
         keys = self._keys.keys(skills)
         per_skill = [self._token_ids(s, k) for s, k in zip(skills, keys, strict=True)]
@@ -149,11 +153,14 @@ class TemplateRetriever:
             live = set(keys)
             self._tok_cache = {k: v for k, v in self._tok_cache.items() if k in live}
         self._index = (groups, ids, rows)
+        return self._index
 
-    def retrieve(self, query: str, top_k: int, task_specific_top_k: int) -> list[Skill]:
-        if self._index is None or not self._index[0].skills:  # empty library: no tokenizing per request
+    def retrieve(self, query: str, top_k: int, task_specific_top_k: int,
+                 index: tuple[_Groups, np.ndarray, np.ndarray] | None = None) -> list[Skill]:
+        index = self._index if index is None else index
+        if index is None or not index[0].skills:  # empty library: no tokenizing per request
             return []
-        groups, post_ids, post_rows = self._index
+        groups, post_ids, post_rows = index
         q_ids = np.array(sorted({self._vocab[t] for t in tokenize(query) if t in self._vocab}),
                          dtype=np.int32)
         scores = overlap_scores(post_ids, post_rows, q_ids, len(groups.skills))
@@ -172,22 +179,27 @@ class EmbeddingRetriever:
         self._keys = _KeyMemo()
         self._index: tuple[_Groups, np.ndarray] | None = None
 
-    def build(self, skills: Sequence[Skill]) -> None:
+    def build(self, skills: Sequence[Skill]) -> tuple[_Groups, np.ndarray]:
         self._index = (_groups(skills), self.cache.skill_matrix(list(skills), self._keys.keys(skills)))
+        return self._index
 
     def encode(self, query: str) -> np.ndarray:
         return self.cache.encode_query(query)
 
-    def retrieve(self, query: str, top_k: int, task_specific_top_k: int) -> list[Skill]:
-        if self._index is None or not self._index[0].skills:
+    def retrieve(self, query: str, top_k: int, task_specific_top_k: int,
+                 index: tuple[_Groups, np.ndarray] | None = None) -> list[Skill]:
+        index = self._index if index is None else index
+        if index is None or not index[0].skills:
             return []
-        return self.retrieve_vector(self.encode(query), top_k, task_specific_top_k)
+        return self.retrieve_vector(self.encode(query), top_k, task_specific_top_k, index)
 
-    def retrieve_vector(self, query_vec: np.ndarray, top_k: int, task_specific_top_k: int) -> list[Skill]:
+    def retrieve_vector(self, query_vec: np.ndarray, top_k: int, task_specific_top_k: int,
+                        index: tuple[_Groups, np.ndarray] | None = None) -> list[Skill]:
         """`retrieve` with the query already encoded ((D,) unit vector)."""
-        if self._index is None:
+        index = self._index if index is None else index
+        if index is None:
             return []
-        groups, matrix = self._index
+        groups, matrix = index
         scores = cosine_scores(matrix, query_vec)
         picked = list(top_k_indices(scores, groups.general, top_k))
         picked += list(top_k_indices(scores, groups.task, task_specific_top_k))
@@ -227,12 +239,24 @@ def render_skills_block(skills: Sequence[Skill]) -> str:
     return "\n\n".join(parts)
 
 
+@dataclass(frozen=True)
+class LibrarySnapshot:
+    """One built library: the bank version and skill generation it was read at, and its index."""
+
+    version: int
+    generation: int
+    index: object  # what `Retriever.build` returned for that library
+
+
 class SkillSearch:
     """Read side for the Proxy: a SkillBank plus a retriever kept in sync with it.
 
     `refresh()` is meant to be called on every request (or once a second): it does nothing until
     `cfg.refresh_s` passed since the last check, then reloads the bank (cheap when unchanged) and
-    rebuilds the index only if the library changed.
+    rebuilds the index only if the library changed. The built index and the generation it came from
+    are swapped in as ONE `LibrarySnapshot`, and `lookup` reads that snapshot once, so the generation
+    recorded on a turn is always the generation of the skills it was served with (issue 12 item 8),
+    whatever refresh runs meanwhile (another request, or a worker thread in embedding mode).
     """
 
     def __init__(self, bank: SkillBank, cfg: SkillsConfig, embedder: Embedder | EmbeddingCache | None = None,
@@ -241,34 +265,48 @@ class SkillSearch:
         if cfg.retrieval == "embedding" and embedder is None:
             embedder = bank.cache or SentenceEmbedder(cfg.embedding_model)
         self.retriever = make_retriever(cfg.retrieval, embedder)
-        self._built_version = -1
+        self._snapshot = LibrarySnapshot(-1, 0, None)
         self._checked_at = float("-inf")
+        self._refreshing = threading.Lock()  # one rebuild at a time (retrievers' caches are not thread-safe)
         self.refresh(force=True)
 
     @property
     def generation(self) -> int:
-        """The skill generation the current index was built from (record it on the turn)."""
-        return self._generation
+        """The skill generation the current index was built from."""
+        return self._snapshot.generation
 
     def refresh(self, force: bool = False) -> bool:
-        """Pick up a new library if there is one; True when the index was rebuilt."""
+        """Pick up a new library if there is one; True when the index was rebuilt.
+
+        A caller that finds another refresh running returns at once (False) and serves the current
+        snapshot: requests never wait for someone else's rebuild.
+        """
         now = self._clock()
         if not force and now - self._checked_at < self.cfg.refresh_s:
             return False
-        self._checked_at = now
-        self.bank.reload()
-        version, generation, skills = self.bank.snapshot()
-        if version == self._built_version:
-            self._generation = generation
+        if not self._refreshing.acquire(blocking=force):
             return False
-        self.retriever.build(skills)
-        self._built_version, self._generation = version, generation
-        return True
+        try:
+            self._checked_at = now
+            self.bank.reload()
+            version, generation, skills = self.bank.snapshot()
+            if version == self._snapshot.version:
+                return False
+            self._snapshot = LibrarySnapshot(version, generation, self.retriever.build(skills))
+            return True
+        finally:
+            self._refreshing.release()
+
+    def lookup(self, query: str, top_k: int | None = None,
+               task_specific_top_k: int | None = None) -> tuple[list[Skill], int]:
+        """(skills for `query`, the generation of the library they came from), from one snapshot."""
+        snap = self._snapshot  # read once: skills and generation of the same library
+        if not self.cfg.enabled or snap.index is None:
+            return [], snap.generation
+        k = self.cfg.top_k if top_k is None else top_k
+        tk = self.cfg.task_specific_top_k if task_specific_top_k is None else task_specific_top_k
+        return self.retriever.retrieve(query, k, tk, index=snap.index), snap.generation
 
     def retrieve(self, query: str, top_k: int | None = None,
                  task_specific_top_k: int | None = None) -> list[Skill]:
-        if not self.cfg.enabled:
-            return []
-        k = self.cfg.top_k if top_k is None else top_k
-        tk = self.cfg.task_specific_top_k if task_specific_top_k is None else task_specific_top_k
-        return self.retriever.retrieve(query, k, tk)
+        return self.lookup(query, top_k, task_specific_top_k)[0]

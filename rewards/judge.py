@@ -1,7 +1,8 @@
 """The judge prompt: instruction, the response with its tool calls, and the next state.
 
 The next state (the user's follow-up, tool results, environment feedback) is where the evidence of
-success or failure is, so it is shown unless configured off. Every part is sanitized (reasoning
+success or failure is, so it is shown unless configured off. A reply cut by `max_tokens` is followed by
+`TRUNCATED_NOTE` (the rule is rewards/scoring.py's). Every part is sanitized (reasoning
 blocks and chat-template special tokens confuse judges and trip content filters) and capped by a
 token budget shared across the parts (`allocate`), counted with an injected `TokenCounter`.
 """
@@ -29,6 +30,10 @@ RULE_NEXT = (
     "; a user correcting or repeating the request, a failing tool result, or negative feedback in "
     "the next state is strong evidence of failure"
 )
+
+# Said after a reply cut by max_tokens (rewards/scoring.py: such turns are scored as they are).
+TRUNCATED_NOTE = ("[The response was cut off here: it reached the max_tokens limit. Judge what it "
+                  "produced; an answer left unfinished does not complete the instruction.]")
 
 # Shares of the token budget (unused shares flow to the parts that need more, see `allocate`).
 WEIGHTS = {"system": 0.15, "instruction": 0.25, "response": 0.35, "next_state": 0.25}
@@ -162,10 +167,13 @@ def build_judge_messages(
         system = JUDGE_SYSTEM.format(evidence=EVIDENCE_NEXT, evidence_rule=RULE_NEXT)
     else:
         system = JUDGE_SYSTEM.format(evidence="nothing of what followed", evidence_rule="")
+    response = cut["response"] or "(empty response)"
+    if turn.truncated:  # outside the budget: the judge must know the end is missing, not chosen
+        response += f"\n\n{TRUNCATED_NOTE}"
     sections = [
         ("Assistant's system context", cut["system"] or "(none)"),
         ("Instruction", cut["instruction"] or "(none)"),
-        ("Response", cut["response"] or "(empty response)"),
+        ("Response", response),
     ]
     if use_next_state:
         sections.append(("Next state", cut["next_state"] or "(none: nothing followed this turn)"))

@@ -9,7 +9,10 @@ Contract with the caller (the serving plane's durable turn outbox):
   SinkUnavailable) when the judge, the teacher or the sink failed: NOTHING was stored, and the outbox
   must keep the turn and send it again later (e.g. after `rewards.retry_interval_s`). A dead or slow
   judge therefore delays scoring but never loses a turn and never blocks serving.
-- A turn sent twice is stored once (`sample_id == turn_id`, sinks ignore duplicates).
+- A turn sent twice is stored once (`sample_id == turn_id`, sinks ignore duplicates), and the evolver is
+  told after EVERY successful store, re-deliveries included: a crash between the store and the notice
+  must not lose the notice. The Evolver ignores a sample id it has already observed, so a failure is
+  never counted twice (evolve/loop.py).
 - ConfigError (not retryable) when the OPD teacher's tokenizer differs from the policy's.
 """
 
@@ -34,7 +37,8 @@ EVOLVER_LOOKUP_EVERY_S = 5.0  # how often an absent Evolver is looked up again
 
 
 class EvolverNotifier:
-    """Fire-and-forget `Evolver.observe.remote(turn, sample)`; never fails the caller."""
+    """Fire-and-forget `<name>.observe.remote(turn, sample)` (the Evolver, the Memory actor); never fails
+    the caller."""
 
     def __init__(self, name: str = "Evolver", namespace: str = NAMESPACE):
         self.name = name
@@ -57,7 +61,7 @@ class EvolverNotifier:
             self._handle.observe.remote(turn, sample)  # result deliberately not awaited
             return True
         except Exception as e:  # noqa: BLE001 - a dead/odd Evolver handle must never fail scoring
-            log.warning("evolver notify failed (%s); looking it up again later", type(e).__name__)
+            log.warning("%s notify failed (%s); looking it up again later", self.name, type(e).__name__)
             self._handle = None
             return False
 
@@ -72,6 +76,8 @@ class PRM:
         tokenizer_path: the policy's tokenizer folder (judge token budget; OPD tokenizer check).
         workspace_root: where `file_check`-style checkers find the workspace files.
         evolver_name: the named actor told about each scored turn.
+        observer_names: more named actors told the same way (`observe(turn, sample)`, fire-and-forget),
+            e.g. the `Memory` actor; the composition root names them.
     """
 
     def __init__(
@@ -82,6 +88,7 @@ class PRM:
         tokenizer_path: str | None = None,
         workspace_root: str | Path | None = None,
         evolver_name: str = "Evolver",
+        observer_names: tuple[str, ...] = (),
         namespace: str = NAMESPACE,
         judge_max_tokens: int = DEFAULT_JUDGE_MAX_TOKENS,
     ):
@@ -90,6 +97,7 @@ class PRM:
         )
         self.sink = sink_factory()
         self.evolver = EvolverNotifier(evolver_name, namespace)
+        self.observers = [EvolverNotifier(name, namespace) for name in observer_names]
         self.counts: Counter[str] = Counter()
 
     async def ready(self) -> dict[str, Any]:
@@ -116,6 +124,8 @@ class PRM:
         self.counts["scored"] += 1
         self.counts["trainable"] += int(sample.trainable)
         self.evolver.notify(turn, sample)
+        for observer in self.observers:
+            observer.notify(turn, sample)
         return sample
 
     async def status(self) -> dict[str, Any]:

@@ -11,6 +11,11 @@ Loss mask (uniform over the response tokens, `Sample.from_turn`):
 - a judge-scored turn without a next state -> zero mask (the judge had no evidence of the outcome);
   a checker-scored turn is trainable without one (the check is the evidence);
 - side turns never become samples.
+- Replies cut by `max_tokens` (finish_reason "length", `Turn.truncated`) follow ONE rule: they are
+  scored and trained as they are. The tokens were sampled by the policy, so their logprobs and ratios
+  are valid; the cut is part of the outcome the reward judges. Checkers see the text as it is; the
+  judge is told the reply was cut off (rewards/judge.py `TRUNCATED_NOTE`), so it judges an unfinished
+  answer as unfinished rather than as a choice to stop. The sample carries `truncated=True` for audit.
 - "At least one trainable sample per session" (`SessionRule`): when the LAST turn of a session is
   scored and no earlier turn of that session was trainable, the last turn is made trainable if its
   reward is non-zero (the usual case: it was masked only because nothing followed it). A zero reward

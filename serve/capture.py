@@ -3,9 +3,12 @@
 vLLM's serving layer (OpenAI chat, Anthropic messages, streaming or not, tool parsing) calls
 `engine_client.generate(prompt, sampling_params, request_id, lora_request=...)`. `TappedEngineClient`
 wraps the engine client handed to those serving objects and tees every `RequestOutput` of requests we
-registered into a `Capture`: the prompt ids the engine rendered, the ids it sampled, and its own logprob of
-each sampled id. Nothing is parsed back out of SSE text and nothing is re-tokenized, whatever the
-protocol or stream format.
+registered into a `Capture`: the prompt ids the engine rendered, the ids it sampled, its own logprob of
+each sampled id, and the sampling parameters it ran (read from the actual `SamplingParams`, so server
+defaults count too). The engine runs with `logprobs_mode=processed_logprobs` (serve/vllm_engine.py),
+so each logprob is the token's under the distribution it was sampled from (after temperature, top-k,
+top-p), which is what the trainer's importance ratio divides by. Nothing is parsed back out of SSE text
+and nothing is re-tokenized, whatever the protocol or stream format.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from typing import Any
+
+from core.contracts import Sampling
 
 
 @dataclass
@@ -32,6 +37,7 @@ class Capture:
     prompt_ids: list[int] = field(default_factory=list)  # (P,)
     choices: dict[int, ChoiceCapture] = field(default_factory=dict)
     adapter: str | None = None  # LoRA name the engine ran (None = base)
+    sampling: Sampling = field(default_factory=Sampling)  # what every choice was sampled with
     done: bool = False
 
     def choice(self, index: int) -> ChoiceCapture:
@@ -46,6 +52,13 @@ def _sampled_logprobs(token_ids: list[int], logprobs: Any) -> list[float]:
     if logprobs is None:
         return []
     return [float(pos[tid].logprob) for tid, pos in zip(token_ids, logprobs, strict=True)]
+
+
+def sampling_of(params: Any) -> Sampling:
+    """The `Sampling` record of a vLLM `SamplingParams` as the engine runs it (vLLM already reset top-k
+    and top-p for a greedy request; its top_k of -1 or 0 both mean off)."""
+    return Sampling(temperature=float(params.temperature), top_p=float(params.top_p),
+                    top_k=max(int(params.top_k), 0))
 
 
 def absorb(cap: Capture, out: Any, delta: bool) -> None:
@@ -107,6 +120,7 @@ class TappedEngineClient:
             sampling_params.logprobs = 0
         lora = kwargs.get("lora_request")
         cap.adapter = lora.lora_name if lora is not None else None
+        cap.sampling = sampling_of(sampling_params)
         from vllm.sampling_params import RequestOutputKind
 
         delta = sampling_params.output_kind == RequestOutputKind.DELTA

@@ -3,7 +3,14 @@
 Every request resolves its adapter once, at its start (the active version, a pinned version, or the
 base), and keeps it to the end: activation is a single assignment, so a hot-swap never touches an
 in-flight request (DESIGN.md "Serving never waits for training"). The active version is also written to
-`adapters/active.json`, from which every replica (and a restarted one) reconciles within a second.
+`adapters/active.json` (with the last `adapter_retention` activated versions), from which every replica
+(and a restarted one) reconciles within a second.
+
+Unloading a retired version is cleanup: a failure is logged, the version stays retiring (never handed
+out) and the reconcile loop retries; it never turns a finished reply into an error. After each
+activation and each unload, version folders outside `adapter_disk_retention` and stale temp folders are
+deleted from disk by the rule in core/storage.py `adapters_to_remove` (never the active version, a
+recently activated one, or one this replica still has loaded).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from ray import serve
 
 from core.config import EngineConfig, ModelConfig
 from core.contracts import parse_adapter_name
-from core.storage import StorageLayout, atomic_write_json, read_json
+from core.storage import StorageLayout, atomic_write_json, prune_adapters, read_json
 from serve.adapters import AdapterRegistry
 from serve.metrics import EngineMetrics
 from serve.protocol import EngineRequestError, Reply
@@ -40,6 +47,7 @@ class PolicyEngineImpl:
             self.model_cfg.served_name, self.model_cfg.policy_alias, self.engine_cfg.adapter_retention
         )
         self._lock = asyncio.Lock()  # serialises load/activate/unload
+        self._unloading: set[str] = set()  # removals in progress (a retry must not start a second one)
         self._pointer_mtime = 0.0
         self._reconciler: asyncio.Task | None = None
         self.metrics: EngineMetrics | None = None  # set by the deployment (needs a Ray worker)
@@ -63,7 +71,7 @@ class PolicyEngineImpl:
         if self.metrics is not None:
             self.metrics.end()
         for victim in self.reg.end(name):
-            await self._remove(victim)
+            await self._unload_quietly(victim)
 
     async def chat(self, body: dict[str, Any]) -> Reply:
         name = self._pin(body)
@@ -146,11 +154,11 @@ class PolicyEngineImpl:
                 self.reg.activate(name)
             except KeyError as e:
                 raise EngineRequestError(404, str(e)) from None
-            atomic_write_json(self.layout.adapters / "active.json", {"active": name})
-            self._pointer_mtime = (self.layout.adapters / "active.json").stat().st_mtime
+            self._write_pointer(name)
             for victim in self.reg.over_retention():
                 if self.reg.retire(victim):
-                    await self._remove(victim)
+                    await self._unload_quietly(victim)
+            await self._prune_folders()
             snap = self.reg.snapshot()
         if self.metrics is not None:
             self.metrics.adapters(name, len(snap["loaded"]))
@@ -177,12 +185,50 @@ class PolicyEngineImpl:
     async def adapters(self) -> dict[str, Any]:
         return self.reg.snapshot()
 
+    def _write_pointer(self, name: str | None) -> None:
+        """`active.json`: the active version and the versions activated last (any replica may still
+        serve those, so their folders stay on disk)."""
+        pointer = self.layout.adapters / "active.json"
+        recent = [n for n in (read_json(pointer, {}) or {}).get("recent", []) if n != name]
+        recent = (recent + ([name] if name else []))[-self.engine_cfg.adapter_retention:]
+        atomic_write_json(pointer, {"active": name, "recent": recent})
+        self._pointer_mtime = pointer.stat().st_mtime
+
     async def _remove(self, name: str) -> None:
-        await self.vllm.remove_lora(name)
+        self._unloading.add(name)
+        try:
+            await self.vllm.remove_lora(name)
+        finally:
+            self._unloading.discard(name)
         self.reg.forget(name)
+        await self._prune_folders()
+
+    async def _unload_quietly(self, name: str) -> None:
+        """`_remove`, for cleanup paths: a failure leaves `name` retiring for `_retry_unloads`."""
+        try:
+            await self._remove(name)
+        except Exception as e:  # noqa: BLE001 - cleanup after a finished reply or activation must not fail it
+            log.warning("unloading retired adapter %s failed (retried within a second): %s", name, e)
+
+    async def _retry_unloads(self) -> None:
+        """Unload retiring versions that no request uses any more (an earlier unload failed)."""
+        for name in sorted(self.reg.retiring):
+            if not self.reg.inflight.get(name) and name not in self._unloading:
+                await self._unload_quietly(name)
+
+    async def _prune_folders(self) -> None:
+        """Delete version folders outside retention and stale temp folders (core/storage.py's rule)."""
+        pointer = read_json(self.layout.adapters / "active.json", {}) or {}
+        keep = set(self.reg.loaded) | set(pointer.get("recent", [])) | {self.reg.active, pointer.get("active")}
+        gone = await asyncio.to_thread(prune_adapters, self.layout.adapters, keep - {None},
+                                       self.engine_cfg.adapter_disk_retention)
+        if gone:
+            log.info("removed adapter folders outside retention: %s", ", ".join(gone))
 
     async def _reconcile(self) -> None:
-        """Follow `adapters/active.json` (another replica, or our previous life, may have moved it)."""
+        """Follow `adapters/active.json` (another replica, or our previous life, may have moved it), and
+        retry unloads that failed."""
+        await self._retry_unloads()
         pointer = self.layout.adapters / "active.json"
         try:
             mtime = pointer.stat().st_mtime

@@ -3,7 +3,8 @@
 Uses the skills plane's read side (`evolve.retrieval.SkillSearch`) in-process — the one deliberate
 cross-plane import (DESIGN.md): a hop per request would cost more than the retrieval. A new skill
 generation is picked up without a restart: `refresh()` re-reads the library at most every
-`skills.refresh_s` seconds (cheap when nothing changed), in every replica.
+`skills.refresh_s` seconds (cheap when nothing changed), in every replica. The skills and the generation
+recorded on the turn come from one snapshot of the library (`SkillSearch.lookup`).
 """
 
 from __future__ import annotations
@@ -78,13 +79,17 @@ class SkillInjector:
 
         query = last_user_text(body.get("messages") or [])
         if self.cfg.retrieval == "embedding":  # query encoding is CPU work: keep it off the loop
-            skills = await asyncio.to_thread(self._retrieve, query)
+            skills, generation = await asyncio.to_thread(self._retrieve, query)
         else:
-            skills = self._retrieve(query)
+            skills, generation = self._retrieve(query)
         if skills:
             add_to_system(body, render_skills_block(skills), anthropic)
-        return [s.name for s in skills], self.search.generation
+        return [s.name for s in skills], generation
 
-    def _retrieve(self, query: str) -> list:
+    def _retrieve(self, query: str) -> tuple[list, int]:
+        """(skills, their generation) from ONE library snapshot: a refresh landing between two separate
+        reads would pair one library's skills with another's generation (issue 12 item 8)."""
         self.search.refresh()
-        return self.search.retrieve(query) if query else []
+        if not query:
+            return [], self.search.generation  # nothing injected: any current generation is the truth
+        return self.search.lookup(query)

@@ -13,7 +13,8 @@ LATENCY_BOUNDARIES_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 
 
 class ProxyMetrics:
-    """Requests by route and status, end-to-end latency by route, tokens and captured turns.
+    """Requests by route and status, end-to-end latency by route, tokens, captured turns, and turns the
+    outbox moved to its dead letters (`clawray_proxy_dead_letters_total`; `clawray dlq list` shows them).
 
     Counters are summed in the replica and handed to Ray once a second (`flush`, run by the Proxy's
     background loop): per request that leaves one histogram observation on the hot path.
@@ -31,7 +32,11 @@ class ProxyMetrics:
                               tag_keys=("kind",))
         self.turns = Counter("clawray_proxy_turns_total", "Captured turns by type (main, side).",
                              tag_keys=("turn_type",))
+        self.dead = Counter("clawray_proxy_dead_letters_total",
+                            "Turns that failed scoring proxy.max_delivery_attempts times and left the outbox "
+                            "as dead letters.")
         self._counts: dict[tuple, float] = {}  # (counter name, tag value(s)) -> pending increment
+        self._dead_seen = 0  # the dispatcher's running total at the last call of `dead_letters`
 
     def _add(self, key: tuple, n: float) -> None:
         self._counts[key] = self._counts.get(key, 0) + n
@@ -45,12 +50,20 @@ class ProxyMetrics:
         self._add(("tokens", "prompt"), prompt_tokens)
         self._add(("tokens", "completion"), completion_tokens)
 
+    def dead_letters(self, total: int) -> None:
+        """The outbox dispatcher's running total of dead letters; the increase since the last call is
+        counted."""
+        self._add(("dead",), total - self._dead_seen)
+        self._dead_seen = total
+
     def flush(self) -> None:
         counts, self._counts = self._counts, {}
         for key, n in counts.items():
             if not n:
                 continue
-            if key[0] == "requests":
+            if key[0] == "dead":
+                self.dead.inc(n)
+            elif key[0] == "requests":
                 self.requests.inc(n, {"route": key[1], "status": key[2]})
             elif key[0] == "turns":
                 self.turns.inc(n, {"turn_type": key[1]})

@@ -4,6 +4,13 @@ Sinks: `JsonlTurnSink` (durable local file, the default until a PRM pool runs) a
 named `PRM-i` actors of the rewards plane, reached by name, so serve/ never imports rewards/). A sink
 raises when it could not take a turn; the dispatcher then leaves the turn in the outbox and retries later,
 so a dead or slow scorer never blocks serving and never loses a turn.
+
+Poison turns: a failure is counted against a turn only when it is the turn's own (the scorer raised on
+it). An outage is not: an error marked `retryable` (the rewards plane's JudgeUnavailable,
+TeacherUnavailable, SinkUnavailable; our `SinkUnreachable`: no actor, an unavailable one, a timeout, the
+file not writable). The actor dying during the call counts: a turn that kills its scorer is poison.
+After `max_failures` counted failures the turn becomes a dead letter (serve/sessions.py), so one bad turn
+is never re-sent forever, and a scorer outage never dead-letters healthy turns.
 """
 
 from __future__ import annotations
@@ -24,7 +31,32 @@ log = logging.getLogger("clawray.outbox")
 
 class TurnSink(Protocol):
     async def submit(self, turns: list[Turn]) -> None:
-        """Take `turns` durably or raise; must be idempotent per `turn_id` (re-delivery happens)."""
+        """Take `turns` durably or raise; must be idempotent per `turn_id` (re-delivery happens).
+        `DeliveryFailed` says which turns were not taken (the others were); any other error: none was."""
+
+
+class SinkUnreachable(RuntimeError):
+    """The sink could not be reached or written: an outage, retried, never counted against a turn."""
+
+    retryable = True
+
+
+class DeliveryFailed(Exception):
+    """Some turns of a batch were not taken; `errors` maps their turn ids to what failed."""
+
+    def __init__(self, errors: dict[str, BaseException]):
+        super().__init__(f"{len(errors)} turn(s) not taken")
+        self.errors = errors
+
+
+def is_outage(error: BaseException) -> bool:
+    """Whether `error` says the scorer is unavailable rather than that the turn is bad. The flag survives
+    Ray's wrapping of a remote error (a RayTaskError subclasses the raised class)."""
+    return bool(getattr(error, "retryable", False))
+
+
+def describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
 
 
 class JsonlTurnSink:
@@ -42,7 +74,10 @@ class JsonlTurnSink:
             os.fsync(f.fileno())
 
     async def submit(self, turns: list[Turn]) -> None:
-        await asyncio.to_thread(self._write, turns)
+        try:
+            await asyncio.to_thread(self._write, turns)
+        except OSError as e:  # a full or read-only disk is an outage, not a bad turn
+            raise SinkUnreachable(f"cannot append to {self.path}: {e}") from e
 
 
 class ActorPoolSink:
@@ -61,21 +96,38 @@ class ActorPoolSink:
         if handle is None:  # a GCS lookup: off the event loop, once per actor (not once per turn)
             import ray
 
-            handle = await asyncio.to_thread(ray.get_actor, name, namespace=self.namespace)
+            try:
+                handle = await asyncio.to_thread(ray.get_actor, name, namespace=self.namespace)
+            except ValueError as e:  # no such actor (yet): the rewards plane is down or starting
+                raise SinkUnreachable(f"no scoring actor {name!r}") from e
             self._handles[name] = handle
         return handle
 
-    async def submit(self, turns: list[Turn]) -> None:
-        async def one(turn: Turn) -> None:
-            name = self.names[zlib.crc32(turn.session_id.encode()) % len(self.names)]
-            try:
-                actor = await self._actor(name)
-                await asyncio.wait_for(actor.score.remote(turn), self.timeout_s)
-            except BaseException:
-                self._handles.pop(name, None)  # look the actor up again next time (it may be a new one)
-                raise
+    async def _one(self, turn: Turn) -> None:
+        from ray.exceptions import ActorUnavailableError
 
-        await asyncio.gather(*(one(t) for t in turns))
+        name = self.names[zlib.crc32(turn.session_id.encode()) % len(self.names)]
+        try:
+            actor = await self._actor(name)
+            await asyncio.wait_for(actor.score.remote(turn), self.timeout_s)
+        except TimeoutError as e:  # a slow scorer (its judge calls have their own timeouts): an outage
+            self._handles.pop(name, None)
+            raise SinkUnreachable(f"{name} did not answer within {self.timeout_s:.0f}s") from e
+        except ActorUnavailableError as e:  # restarting or unreachable for now: an outage
+            self._handles.pop(name, None)
+            raise SinkUnreachable(f"{name} is unavailable: {e}") from e
+        except BaseException:  # the actor died during the call (a turn that kills its scorer is poison)
+            self._handles.pop(name, None)  # look the actor up again next time (it may be a new one)
+            raise
+
+    async def submit(self, turns: list[Turn]) -> None:
+        results = await asyncio.gather(*(self._one(t) for t in turns), return_exceptions=True)
+        errors = {t.turn_id: r for t, r in zip(turns, results, strict=True) if isinstance(r, BaseException)}
+        for e in errors.values():
+            if not isinstance(e, Exception):  # cancellation and the like are not delivery results
+                raise e
+        if errors:
+            raise DeliveryFailed(errors)
 
 
 class Dispatcher:
@@ -89,14 +141,15 @@ class Dispatcher:
 
     def __init__(self, store: SessionStore, sink: TurnSink, idle_s: float, interval_s: float = 0.5,
                  batch: int = 64, lease_s: float = 15.0, retry_s: float = 5.0,
-                 retention_s: float = 86400.0, prune_every_s: float = 60.0):
+                 retention_s: float = 86400.0, prune_every_s: float = 60.0, max_failures: int = 5):
         self.store, self.sink = store, sink
         self.idle_s, self.interval_s, self.batch = idle_s, interval_s, batch
-        self.lease_s, self.retry_s = lease_s, retry_s
+        self.lease_s, self.retry_s, self.max_failures = lease_s, retry_s, max_failures
         self.retention_s, self.prune_every_s = retention_s, prune_every_s
         self._next_flush = self._next_prune = 0.0  # housekeeping is time-gated, not run per batch
         self.dispatched = 0
         self.failures = 0
+        self.dead_lettered = 0  # turns this replica moved to the dead letters (a metric)
         self._inflight: set[str] = set()  # claimed turn ids whose sink call has not returned yet
         self._tasks: list[asyncio.Task] = []
 
@@ -133,19 +186,39 @@ class Dispatcher:
             return 0
         ids = [t.turn_id for t in turns]
         self._inflight.update(ids)
+        errors: dict[str, BaseException] = {}
         try:
             await self.sink.submit(turns)
+        except DeliveryFailed as e:
+            errors = e.errors
         except Exception as e:  # noqa: BLE001 - any sink failure means "retry later", never "drop"
-            self.failures += 1
-            log.warning("scoring sink refused %d turns (%s: %s); retrying in %.0fs",
-                        len(turns), type(e).__name__, e, self.retry_s)
-            await asyncio.to_thread(self.store.release, ids, self.retry_s)
-            return 0
+            errors = dict.fromkeys(ids, e)
         finally:
             self._inflight.difference_update(ids)
-        await asyncio.to_thread(self.store.mark_dispatched, ids)
-        self.dispatched += len(ids)
-        return len(ids)
+        taken = [i for i in ids if i not in errors]
+        if taken:
+            await asyncio.to_thread(self.store.mark_dispatched, taken)
+            self.dispatched += len(taken)
+        if errors:
+            await self._failed(errors)
+        return len(taken)
+
+    async def _failed(self, errors: dict[str, BaseException]) -> None:
+        """Outages: retry later, nothing counted. The turn's own errors: counted, dead at `max_failures`."""
+        self.failures += 1
+        by_error: dict[tuple[bool, str], list[str]] = {}
+        for turn_id, e in errors.items():
+            by_error.setdefault((is_outage(e), describe(e)), []).append(turn_id)
+        for (outage, text), ids in by_error.items():
+            log.warning("scoring sink refused %d turns (%s); retrying in %.0fs", len(ids), text[:300], self.retry_s)
+            if outage:
+                await asyncio.to_thread(self.store.release, ids, self.retry_s, text)
+                continue
+            dead = await asyncio.to_thread(self.store.fail, ids, text, self.retry_s, self.max_failures)
+            if dead:
+                self.dead_lettered += dead
+                log.error("%d turns failed scoring %d times and became dead letters (`clawray dlq list`): %s",
+                          dead, self.max_failures, text[:300])
 
     async def _run(self) -> None:
         while True:

@@ -1,15 +1,18 @@
-"""`Proxy`: clawray's ingress (FastAPI on Ray Serve): auth, sessions, skill injection, turn capture.
+"""`Proxy`: clawray's ingress (FastAPI on Ray Serve): auth, sessions, skill and memory injection,
+turn capture.
 
 Routes (errors become status codes only here): OpenAI `POST /v1/chat/completions`, `GET /v1/models`;
 Anthropic `POST /v1/messages`, `POST /v1/messages/count_tokens`; `GET /healthz`; session end
-`POST /v1/sessions/{id}/end`; admin (own key) `/admin/adapters…`, `/admin/sessions/stats`. Generation
-happens in the engine deployment (`PolicyEngine`: vLLM, or `UpstreamEngine`) behind a handle; this
-replica holds the handle and a session store, no engine state.
+`POST /v1/sessions/{id}/end`; the requester's own memory `GET|DELETE /v1/memory`; admin (own key)
+`/admin/adapters…`, `/admin/sessions/stats`, `/admin/memory/…` (docs/memory.md). Generation happens in
+the engine deployment (`PolicyEngine`: vLLM, or `UpstreamEngine`) behind a handle; this replica holds the
+handle and a session store, no engine state.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -18,14 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, RayServeException
 
 from core.config import ProxyConfig, SkillsConfig
 from core.storage import StorageLayout
+from memory import admin as mem
+from memory.units import split_tenant
 from serve.activity import ActivityReporter
+from serve.history import read_history
 from serve.http import (
     anthropic_error,
     client_fingerprint,
@@ -36,18 +42,18 @@ from serve.http import (
     require_messages,
 )
 from serve.injection import SkillInjector
+from serve.memory_injection import MemoryInjector, run_admin
 from serve.metrics import ProxyMetrics
 from serve.outbox import ActorPoolSink, Dispatcher, JsonlTurnSink
 from serve.protocol import EngineRequestError, Reply
 from serve.recorder import GroupCommit
-from serve.sessions import SessionStore
+from serve.sessions import DB_FILE, SessionStore
 from serve.turns import (
     AnthropicStreamToolUse,
     RequestError,
     StreamToolCalls,
     TurnMeta,
     extract_meta,
-    next_state_of,
     tool_calls_of,
     turns_from_reply,
 )
@@ -69,16 +75,18 @@ UNAVAILABLE = (RayActorError, BackPressureError, RayServeException)
 
 class ProxyImpl:
     def __init__(self, engine: Any, proxy: dict, skills: dict, storage_root: str,
-                 sink_actors: list[str] | None = None):
+                 sink_actors: list[str] | None = None, memory: dict | None = None):
         self.engine = engine
         self.cfg = ProxyConfig.model_validate(proxy)
         layout = StorageLayout(Path(storage_root)).ensure()
-        self.store = SessionStore(layout.sessions / "sessions.db")
+        self.store = SessionStore(layout.sessions / DB_FILE)
         self.recorder = GroupCommit(self.store)
         sink = ActorPoolSink(sink_actors) if sink_actors else JsonlTurnSink(layout.sessions / "completed.jsonl")
         self.dispatcher = Dispatcher(self.store, sink, self.cfg.session_idle_timeout_s,
-                                     retention_s=self.cfg.outbox_retention_s)
+                                     retention_s=self.cfg.outbox_retention_s,
+                                     max_failures=self.cfg.max_delivery_attempts)
         self.injector = SkillInjector.build(SkillsConfig.model_validate(skills), layout.skills)
+        self.memory = MemoryInjector.from_args(memory, layout.memory)  # None: memory off
         # Keys are read here, from the env vars the config names, so they never travel as arguments.
         self.api_key = os.environ.get(self.cfg.api_key_env) if self.cfg.api_key_env else None
         self.admin_key = os.environ.get(self.cfg.admin_key_env) or None
@@ -100,6 +108,7 @@ class ProxyImpl:
     async def _flush_metrics(self) -> None:
         while True:
             await asyncio.sleep(1.0)
+            self.metrics.dead_letters(self.dispatcher.dead_lettered)
             self.metrics.flush()
 
     # ---- auth -------------------------------------------------------------------------------------
@@ -127,8 +136,13 @@ class ProxyImpl:
         skills, generation = [], 0
         if meta.turn_type.value == "main":
             self.activity.note()
+            mark = self.memory.mark(body, anthropic) if self.memory is not None else 0
             if self.injector is not None:
                 skills, generation = await self.injector.inject(body, anthropic)
+            if self.memory is not None:  # after skills: memory gets the budget they left
+                ids, _ = await self.memory.inject(body, anthropic, meta.tenant, meta.session_id,
+                                                  meta.memory_scope, mark)
+                meta = dataclasses.replace(meta, memories=tuple(ids))
         return meta, skills, generation
 
     async def _record(self, reply: Reply, meta: TurnMeta, skills: list[str], generation: int,
@@ -142,8 +156,8 @@ class ProxyImpl:
                 await asyncio.to_thread(self.store.end_session, meta.session_id)
             return
         turns = turns_from_reply(reply, meta, skills, generation, tool_calls)
-        if turns:
-            await self.recorder.record(turns, next_state_of(reply.messages))
+        if turns:  # the conversation the engine rendered: which stored turns it continues, and how
+            await self.recorder.record(turns, read_history(reply.messages, meta.params))
 
     async def generate(self, request: Request, anthropic: bool) -> Any:
         self._ensure_started()
@@ -235,6 +249,8 @@ class Proxy(ProxyImpl):
     def __init__(self, *args: Any, **kwargs: Any):
         ProxyImpl.__init__(self, *args, **kwargs)
         self.metrics = ProxyMetrics()
+        if self.memory is not None:
+            self.memory.enable_metrics()
         self.headers = {"X-Clawray-Replica": serve.get_replica_context().replica_id.unique_id}
 
     @app.post("/v1/chat/completions")
@@ -334,6 +350,104 @@ class Proxy(ProxyImpl):
         except RequestError as e:
             return openai_error(e.status, str(e))
         return await asyncio.to_thread(self.store.stats)
+
+    # ---- admin: long-term memory (memory/admin.py; `clawray memory ...` does the same on the files) -------
+
+    async def _memory_call(self, request: Request, fn: Any) -> Any:
+        try:
+            self._admin(request)
+            return await run_admin(self.memory, fn)
+        except RequestError as e:
+            return openai_error(e.status, str(e))
+        except mem.AdminError as e:
+            return openai_error(e.status, str(e))
+
+    async def _own_memory(self, request: Request, fn: Any) -> Any:
+        """`fn(store, user, workspace, session)` for the requester's own ids (API key, X-User-Id, ...)."""
+        try:
+            self._auth(request)
+            meta = extract_meta({}, {k.lower(): v for k, v in request.headers.items()}, "")
+            user, workspace = split_tenant(meta.tenant)
+            session = request.headers.get("x-session-id")
+            return await run_admin(self.memory, lambda store, _: fn(store, user, workspace, session))
+        except RequestError as e:
+            return openai_error(e.status, str(e))
+        except mem.AdminError as e:
+            return openai_error(e.status, str(e))
+
+    @app.get("/v1/memory")
+    async def http_memory(self, request: Request, limit: int = 100, offset: int = 0):
+        """What clawray remembers about the requesting user (X-User-Id), all workspaces."""
+        return await self._own_memory(request, lambda store, user, ws, sess: mem.list_units(
+            store, mem.unit_filter(user), limit, offset))
+
+    @app.delete("/v1/memory")
+    async def http_forget_memory(self, request: Request, scope: str = "user"):
+        """The requesting user forgets themself (`scope=user`), this workspace or this session (X-Session-Id)."""
+        if scope not in ("user", "workspace", "session"):
+            return openai_error(400, "scope must be user, workspace or session")
+
+        def forget(store, user, ws, sess):
+            if scope == "session" and not sess:
+                raise mem.AdminError("forgetting a session needs X-Session-Id")
+            return mem.forget(store, user, ws if scope != "user" else None, sess if scope == "session" else None)
+
+        return await self._own_memory(request, forget)
+
+    @app.get("/admin/memory/units")
+    async def admin_memory_list(self, request: Request, user: str | None = None, workspace: str | None = None,
+                                session: str | None = None, level: str | None = None, kind: str | None = None,
+                                superseded: bool = False, limit: int = 100, offset: int = 0):
+        return await self._memory_call(request, lambda store, _: mem.list_units(
+            store, mem.unit_filter(user, workspace, session, level, kind, superseded), limit, offset))
+
+    @app.get("/admin/memory/units/{unit_id}")
+    async def admin_memory_show(self, unit_id: str, request: Request):
+        return await self._memory_call(request, lambda store, _: mem.show(store, unit_id))
+
+    @app.delete("/admin/memory/units/{unit_id}")
+    async def admin_memory_delete(self, unit_id: str, request: Request):
+        return await self._memory_call(request, lambda store, _: mem.forget(store, None, unit_id=unit_id))
+
+    @app.post("/admin/memory/forget")
+    async def admin_memory_forget(self, request: Request):
+        """Body: {"user": ..., "workspace"?: ..., "session"?: ...}: everything of that owner, for good."""
+        try:
+            body = await read_json_body(request, self.cfg.max_body_bytes)
+        except RequestError as e:
+            return openai_error(e.status, str(e))
+        ids = {k: body.get(k) for k in ("user", "workspace", "session")}
+        if not all(v is None or isinstance(v, str) for v in ids.values()):
+            return openai_error(400, "user, workspace and session must be strings")
+        return await self._memory_call(request, lambda store, _: mem.forget(store, **ids))
+
+    @app.post("/admin/memory/search")
+    async def admin_memory_search(self, request: Request):
+        """Body: {"query", "user", "workspace", "session"?, "scope"?}: what such a request would be given."""
+        try:
+            body = await read_json_body(request, self.cfg.max_body_bytes)
+        except RequestError as e:
+            return openai_error(e.status, str(e))
+        args = [body.get(k) for k in ("query", "user", "workspace")]
+        if not all(isinstance(v, str) and v for v in args):
+            return openai_error(400, "query, user and workspace are required strings")
+        return await self._memory_call(request, lambda _, search: mem.search(
+            search, *args, str(body.get("session") or "-"), str(body.get("scope") or "user")))
+
+    @app.get("/admin/memory/export")
+    async def admin_memory_export(self, request: Request, user: str | None = None, workspace: str | None = None,
+                                  session: str | None = None):
+        """JSON lines of every unit of the owner (superseded history included)."""
+        def lines(store, _):
+            flt = mem.unit_filter(user, workspace, session, include_superseded=True)
+            return "".join(json.dumps(row) + "\n" for row in mem.export(store, flt))
+
+        out = await self._memory_call(request, lines)
+        return out if isinstance(out, JSONResponse) else PlainTextResponse(out, media_type="application/x-ndjson")
+
+    @app.get("/admin/memory/stats")
+    async def admin_memory_stats(self, request: Request):
+        return await self._memory_call(request, lambda store, _: store.stats())
 
 
 @app.exception_handler(Exception)

@@ -10,27 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from core.contracts import Turn
+from serve.history import History
 from serve.sessions import SessionStore
 
 log = logging.getLogger("clawray.proxy")
-NextState = list[dict[str, Any]] | None
 
 
 class GroupCommit:
-    """`await record(turns, next_state)` == `SessionStore.record`, batched. One instance per event loop."""
+    """`await record(turns, history)` == `SessionStore.record`, batched. One instance per event loop."""
 
     def __init__(self, store: SessionStore, max_batch: int = 256):
         self.store, self.max_batch = store, max_batch
-        self._pending: list[tuple[list[Turn], NextState, asyncio.Future]] = []
+        self._pending: list[tuple[list[Turn], History | None, asyncio.Future]] = []
         self._running = False
         self.commits = 0  # transactions run (for tests and benchmarks: commits < records under load)
 
-    async def record(self, turns: list[Turn], next_state: NextState) -> list[Turn]:
+    async def record(self, turns: list[Turn], history: History | None) -> list[Turn]:
         fut = asyncio.get_running_loop().create_future()
-        self._pending.append((turns, next_state, fut))
+        self._pending.append((turns, history, fut))
         if not self._running:
             self._running = True
             asyncio.get_running_loop().create_task(self._drain())
@@ -44,8 +43,8 @@ class GroupCommit:
         finally:
             self._running = False
 
-    async def _commit(self, batch: list[tuple[list[Turn], NextState, asyncio.Future]]) -> None:
-        items = [(turns, nxt) for turns, nxt, _ in batch]
+    async def _commit(self, batch: list[tuple[list[Turn], History | None, asyncio.Future]]) -> None:
+        items = [(turns, history) for turns, history, _ in batch]
         try:
             results = await asyncio.to_thread(self.store.record_batch, items)
         except Exception:  # noqa: BLE001 - one bad item must not fail the others: retry them one by one
@@ -57,10 +56,10 @@ class GroupCommit:
             if not fut.done():  # the request may have been cancelled (client went away)
                 fut.set_result(stored)
 
-    async def _one_by_one(self, batch: list[tuple[list[Turn], NextState, asyncio.Future]]) -> None:
-        for turns, nxt, fut in batch:
+    async def _one_by_one(self, batch: list[tuple[list[Turn], History | None, asyncio.Future]]) -> None:
+        for turns, history, fut in batch:
             try:
-                stored = await asyncio.to_thread(self.store.record, turns, nxt)
+                stored = await asyncio.to_thread(self.store.record, turns, history)
             except Exception as e:  # noqa: BLE001 - delivered to the waiting request, which fails with it
                 if not fut.done():
                     fut.set_exception(e)

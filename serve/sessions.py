@@ -1,9 +1,22 @@
 """Durable session store and turn outbox (SQLite, WAL) shared by every Proxy replica on a node.
 
-A main turn is stored `pending` until its *next state* arrives (the next request of the session: user
-feedback, tool results) or the session ends (`X-Session-Done`, idle timeout); then it is `completed`, i.e.
-in the outbox. A dispatcher claims completed turns with a lease, hands them to the scoring sink and marks
-them `dispatched` only when the sink acknowledged; a crash before that re-delivers them.
+A main turn is stored `pending` until its *next state* arrives or its conversation ends; then it is
+`completed`, i.e. in the outbox. Rules (serve/history.py says how requests are matched to turns):
+- A pending turn is completed only by a request whose history contains its exchange (the messages it
+  answered and its reply); its next state is what follows its reply there, up to the next assistant
+  message. One exchange completes one turn: of identical pending exchanges the oldest goes first.
+- n > 1 choices share a turn index: when the client continues one member, its still pending siblings are
+  completed with no next state (the group is scored whole; no feedback belongs to them).
+- A client retry (the same request as a pending turn: conversation and parameters) replaces that turn
+  under its turn index: the client continues from the reply it got last (the one recorded last). No
+  second turn, no feedback shifted.
+- `X-Session-Done` / the end route complete every pending turn of the session as ended
+  (`last_in_session`); the idle timeout completes a turn pending for `idle_s` as *idle-flushed*
+  (`last_in_session` and `idle_flushed`: its conversation went quiet, the session did not end).
+A dispatcher claims completed turns with a lease, hands them to the scoring sink and marks them
+`dispatched` only when the sink acknowledged; a crash before that re-delivers them. A turn whose scoring
+failed because of the turn itself `max_failures` times becomes a dead letter (`dead`, with its error):
+never re-sent automatically, listed, requeued or dropped by `clawray dlq`.
 
 NOTE: WAL with synchronous=NORMAL: a committed turn survives a process kill (kill -9), not a power cut.
 """
@@ -18,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from core.contracts import Turn
+from serve.history import History
 
+DB_FILE = "sessions.db"  # under the storage root's sessions/ folder
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
   session_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, turns INTEGER NOT NULL DEFAULT 0,
@@ -27,12 +42,17 @@ CREATE TABLE IF NOT EXISTS turns (
   turn_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, turn_index INTEGER NOT NULL,
   state TEXT NOT NULL, payload TEXT NOT NULL, updated_at REAL NOT NULL,
   claimed_until REAL NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0,
-  next_state TEXT, ended INTEGER NOT NULL DEFAULT 0);
+  next_state TEXT, ended INTEGER NOT NULL DEFAULT 0, request_key TEXT, turn_key TEXT,
+  idle INTEGER NOT NULL DEFAULT 0, failures INTEGER NOT NULL DEFAULT 0, last_error TEXT);
 CREATE INDEX IF NOT EXISTS turns_by_session ON turns(session_id, state);
 CREATE INDEX IF NOT EXISTS turns_by_state ON turns(state, claimed_until);
 """
 # Columns added after the first release: (name, definition) for ALTER TABLE on older files.
-ADDED_COLUMNS = (("next_state", "TEXT"), ("ended", "INTEGER NOT NULL DEFAULT 0"))
+# request_key / turn_key: serve/history.py keys (hex), so matching a turn never needs its payload.
+ADDED_COLUMNS = (("next_state", "TEXT"), ("ended", "INTEGER NOT NULL DEFAULT 0"), ("request_key", "TEXT"),
+                 ("turn_key", "TEXT"), ("idle", "INTEGER NOT NULL DEFAULT 0"),
+                 ("failures", "INTEGER NOT NULL DEFAULT 0"), ("last_error", "TEXT"))
+MAX_ERROR_CHARS = 2000
 
 
 class SessionStore:
@@ -58,73 +78,73 @@ class SessionStore:
     def _tx(self):
         return _Tx(self._db, self._lock)
 
-    def record(self, turns: list[Turn], prev_next_state: list[dict[str, Any]] | None) -> list[Turn]:
+    def record(self, turns: list[Turn], history: History | None = None) -> list[Turn]:
         """Store the main turn(s) of one request (n > 1 choices share a `group_id` and an index) and
-        complete the session's pending turn(s) with `prev_next_state`. Assigns `turn_index`."""
-        return self.record_batch([(turns, prev_next_state)])[0]
+        complete the pending turns its `history` continues (module rules). Assigns `turn_index`."""
+        return self.record_batch([(turns, history)])[0]
 
-    def record_batch(
-        self, items: list[tuple[list[Turn], list[dict[str, Any]] | None]]
-    ) -> list[list[Turn]]:
+    def record_batch(self, items: list[tuple[list[Turn], History | None]]) -> list[list[Turn]]:
         """`record` for several requests in ONE transaction (group commit), in order: two requests of
         the same session in one batch chain exactly as if recorded one after the other."""
         now = time.time()
         with self._tx() as db:
-            return [self._record(db, turns, nxt, now) for turns, nxt in items]
+            return [self._record(db, turns, history, now) for turns, history in items]
 
-    def _record(self, db, turns: list[Turn], prev_next_state, now: float) -> list[Turn]:
+    def _record(self, db, turns: list[Turn], history: History | None, now: float) -> list[Turn]:
         first = turns[0]
-        row = db.execute("SELECT turns FROM sessions WHERE session_id=?", (first.session_id,)).fetchone()
-        index = row[0] if row else 0
+        sid = first.session_id
+        pending = db.execute(  # indexed (turns_by_session); a handful of rows per session
+            "SELECT turn_id, turn_index, request_key, turn_key FROM turns WHERE session_id=? AND state='pending' "
+            "ORDER BY turn_index", (sid,)).fetchall()
+        left = _continue(db, pending, history, now)
+        retried = [r for r in left if history is not None and r[2] == history.request_key]
+        if retried:  # the retry's turn takes the replaced turn's index (all of its choices go)
+            db.executemany("DELETE FROM turns WHERE turn_id=?", [(r[0],) for r in retried])
+            left = [r for r in left if r not in retried]
+        row = db.execute("SELECT turns FROM sessions WHERE session_id=?", (sid,)).fetchone()
+        count = row[0] if row else 0
+        index = retried[0][1] if retried else count
         db.execute(
             "INSERT INTO sessions(session_id, tenant, turns, last_seen, done) VALUES(?,?,?,?,?) "
             "ON CONFLICT(session_id) DO UPDATE SET turns=excluded.turns, "
             "last_seen=excluded.last_seen, done=excluded.done",
-            (first.session_id, first.tenant, index + 1, now, int(first.last_in_session)),
+            (sid, first.tenant, max(count, index + 1), now, int(first.last_in_session)),
         )
-        self._complete_pending(db, first.session_id, prev_next_state, last=False, now=now)
+        if first.last_in_session and left:  # the session is over: its other conversations end with it
+            _complete(db, [r[0] for r in left], None, now, ended=True)
+        request_key = history.request_key if history is not None else None
         stored = []
         for turn in turns:
             turn = turn.model_copy(update={"turn_index": index})
-            state = "completed" if turn.last_in_session else "pending"
+            key = history.turn_key(turn.response_text, turn.tool_calls) if history is not None else None
             db.execute(
-                "INSERT INTO turns(turn_id, session_id, turn_index, state, payload, updated_at) "
-                "VALUES(?,?,?,?,?,?)",
-                (turn.turn_id, turn.session_id, index, state, turn.model_dump_json(), now),
+                "INSERT INTO turns(turn_id, session_id, turn_index, state, payload, updated_at, ended, "
+                "request_key, turn_key) VALUES(?,?,?,?,?,?,?,?,?)",
+                (turn.turn_id, sid, index, "completed" if turn.last_in_session else "pending",
+                 turn.model_dump_json(), now, int(turn.last_in_session), request_key, key),
             )
             stored.append(turn)
         return stored
 
-    @staticmethod
-    def _complete_pending(db, session_id: str, next_state, last: bool, now: float) -> int:
-        """The session's pending turn(s) -> completed, with their next state. The next state goes into
-        its own column (the payload is not rewritten: the hot path of every request)."""
-        nxt = None if next_state is None else json.dumps(next_state)
-        return db.execute(
-            "UPDATE turns SET state='completed', next_state=COALESCE(?, next_state), ended=MAX(ended, ?), "
-            "updated_at=? WHERE session_id=? AND state='pending'",
-            (nxt, int(last), now, session_id),
-        ).rowcount
-
     def end_session(self, session_id: str) -> int:
-        """Flush the session's pending turn as its last (X-Session-Done without a new turn)."""
+        """Complete every pending turn of the session as ended (X-Session-Done without a new turn)."""
         now = time.time()
         with self._tx() as db:
             db.execute("UPDATE sessions SET done=1, last_seen=? WHERE session_id=?", (now, session_id))
-            return self._complete_pending(db, session_id, None, last=True, now=now)
+            ids = [r[0] for r in db.execute(
+                "SELECT turn_id FROM turns WHERE session_id=? AND state='pending'", (session_id,))]
+            return _complete(db, ids, None, now, ended=True)
 
     def flush_idle(self, idle_s: float) -> int:
-        """Complete pending turns of sessions idle for `idle_s` seconds (their next state never came)."""
-        cutoff = time.time() - idle_s
+        """Complete turns pending for `idle_s` seconds as idle-flushed: their next state never came.
+
+        Per turn, not per session: a conversation that went quiet is flushed even while another
+        conversation keeps the same session id busy."""
+        now = time.time()
         with self._tx() as db:
-            ids = [
-                r[0]
-                for r in db.execute(
-                    "SELECT DISTINCT session_id FROM turns WHERE state='pending' AND updated_at < ?",
-                    (cutoff,),
-                ).fetchall()
-            ]
-            return sum(self._complete_pending(db, s, None, True, time.time()) for s in ids)
+            return db.execute(
+                "UPDATE turns SET state='completed', idle=1, updated_at=? WHERE state='pending' AND updated_at < ?",
+                (now, now - idle_s)).rowcount
 
     def claim(self, limit: int, lease_s: float) -> list[Turn]:
         """Lease up to `limit` completed turns for dispatch (expired leases are claimable again)."""
@@ -159,13 +179,52 @@ class SessionStore:
                 [(time.time() + lease_s, t) for t in turn_ids],
             )
 
-    def release(self, turn_ids: list[str], retry_in_s: float) -> None:
-        """A dispatch failed: make the turns claimable again after `retry_in_s`."""
+    def release(self, turn_ids: list[str], retry_in_s: float, error: str | None = None) -> None:
+        """A dispatch failed for a reason outside the turns (the scorer is down, slow or unreachable):
+        claimable again after `retry_in_s`. The error is kept for inspection; no failure is counted."""
         with self._tx() as db:
             db.executemany(
-                "UPDATE turns SET claimed_until=? WHERE turn_id=? AND state='completed'",
-                [(time.time() + retry_in_s, t) for t in turn_ids],
+                "UPDATE turns SET claimed_until=?, last_error=COALESCE(?, last_error) "
+                "WHERE turn_id=? AND state='completed'",
+                [(time.time() + retry_in_s, _capped(error), t) for t in turn_ids],
             )
+
+    def fail(self, turn_ids: list[str], error: str, retry_in_s: float, max_failures: int) -> int:
+        """Scoring failed because of the turns themselves: count a failure each; a turn at `max_failures`
+        becomes a dead letter (never re-sent automatically), the others are retried after `retry_in_s`.
+        Returns the number of new dead letters."""
+        now = time.time()
+        with self._tx() as db:
+            db.executemany(
+                "UPDATE turns SET claimed_until=?, failures=failures+1, last_error=? "
+                "WHERE turn_id=? AND state='completed'",
+                [(now + retry_in_s, _capped(error), t) for t in turn_ids],
+            )
+            return db.executemany(  # rowcount of executemany: rows changed over all parameter sets
+                "UPDATE turns SET state='dead', updated_at=? WHERE turn_id=? AND state='completed' AND failures>=?",
+                [(now, t, max_failures) for t in turn_ids],
+            ).rowcount
+
+    def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Dead letters, oldest first: {"id", "error", "at", "attempts", "session_id"}."""
+        with self._tx() as db:
+            rows = db.execute(
+                "SELECT turn_id, last_error, updated_at, attempts, session_id FROM turns WHERE state='dead' "
+                "ORDER BY updated_at LIMIT ?", (limit,)).fetchall()
+        return [{"id": r[0], "error": r[1], "at": r[2], "attempts": r[3], "session_id": r[4]} for r in rows]
+
+    def requeue(self, turn_ids: list[str]) -> int:
+        """Dead letters back into the outbox with a fresh failure count. Returns how many were requeued."""
+        with self._tx() as db:
+            return db.executemany(
+                "UPDATE turns SET state='completed', failures=0, claimed_until=0, updated_at=? "
+                "WHERE turn_id=? AND state='dead'", [(time.time(), t) for t in turn_ids]).rowcount
+
+    def drop(self, turn_ids: list[str]) -> int:
+        """Delete dead letters for good. Returns how many were deleted."""
+        with self._tx() as db:
+            return db.executemany("DELETE FROM turns WHERE turn_id=? AND state='dead'",
+                                  [(t,) for t in turn_ids]).rowcount
 
     def prune(self, older_than_s: float) -> int:
         """Forget turns dispatched more than `older_than_s` ago (the scorer holds them now) and ended
@@ -194,19 +253,56 @@ class SessionStore:
         return {"sessions": sessions, **{s: n for s, n in rows}}
 
 
-TURN_COLUMNS = "payload, next_state, ended"
+TURN_COLUMNS = "payload, next_state, ended, idle"
 
 
-def _turn(payload: str, next_state: str | None, ended: int) -> Turn:
+def _turn(payload: str, next_state: str | None, ended: int, idle: int) -> Turn:
     """A stored turn with what completed it (rows completed before these columns existed carry it in
     the payload)."""
     turn = Turn.model_validate_json(payload)
     update: dict[str, Any] = {}
     if next_state is not None:
         update["next_state"] = json.loads(next_state)
-    if ended and not turn.last_in_session:
+    if (ended or idle) and not turn.last_in_session:
         update["last_in_session"] = True
+    if idle:
+        update["idle_flushed"] = True
     return turn.model_copy(update=update) if update else turn
+
+
+def _capped(error: str | None) -> str | None:
+    return None if error is None else error[:MAX_ERROR_CHARS]
+
+
+def _complete(db, turn_ids: list[str], next_state: list[dict[str, Any]] | None, now: float,
+              ended: bool = False) -> int:
+    """Pending turns -> completed (in the outbox). The next state goes into its own column: the payload
+    is not rewritten on the hot path of every request."""
+    nxt = None if next_state is None else json.dumps(next_state)
+    return db.executemany(
+        "UPDATE turns SET state='completed', next_state=?, ended=?, updated_at=? WHERE turn_id=? AND state='pending'",
+        [(nxt, int(ended), now, t) for t in turn_ids]).rowcount
+
+
+def _continue(db, pending: list[tuple], history: History | None, now: float) -> list[tuple]:
+    """Complete the `pending` rows (turn_id, turn_index, request_key, turn_key; by turn index) whose exchange
+    `history` continues, and their n > 1 siblings (no next state). Returns the rows still pending."""
+    if history is None or not history.continuations:
+        return pending
+    taken: set[str] = set()  # exchange keys already given to a turn: one continuation, one turn
+    continued: set[int] = set()  # turn indexes with a continued member
+    left = []
+    for row in pending:
+        key = row[3]
+        if key in history.continuations and key not in taken:
+            taken.add(key)
+            continued.add(row[1])
+            _complete(db, [row[0]], history.continuations[key], now)
+        else:
+            left.append(row)
+    siblings = [r[0] for r in left if r[1] in continued]
+    _complete(db, siblings, None, now)
+    return [r for r in left if r[1] not in continued]
 
 
 class _Tx:

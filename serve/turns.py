@@ -1,4 +1,5 @@
-"""Pure request/turn logic of the Proxy: session identity, clawray fields, next state, Turn records."""
+"""Pure request/turn logic of the Proxy: session identity, clawray fields, Turn records (next states:
+serve/history.py)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.contracts import Turn, TurnType
+from memory.units import SCOPE_CAPS
+from serve.history import params_key
 from serve.protocol import Reply
 
 # Body fields clawray reads and strips before generation (the same as the X-* headers).
-CLAWRAY_FIELDS = ("session_id", "turn_type", "session_done", "user_id", "workspace_id", "clawray_eval")
+CLAWRAY_FIELDS = ("session_id", "turn_type", "session_done", "user_id", "workspace_id", "memory_scope",
+                  "clawray_eval")
 HEADER_FIELDS = {
     "session_id": "x-session-id",
     "turn_type": "x-turn-type",
     "session_done": "x-session-done",
     "user_id": "x-user-id",
     "workspace_id": "x-workspace-id",
+    "memory_scope": "x-memory-scope",
 }
 MAX_ID_LEN = 128
 
@@ -39,6 +44,9 @@ class TurnMeta:
     tenant: str
     eval_spec: dict[str, Any] | None
     derived: bool  # the client sent no session id
+    params: bytes = b""  # serve/history.py `params_key` of the body: a retry repeats it exactly
+    memory_scope: str = "user"  # X-Memory-Scope: the widest memory scope read and written (memory/units.py)
+    memories: tuple[str, ...] = ()  # ids of the memory units injected (set by the Proxy after retrieval)
 
 
 def _truthy(v: Any) -> bool:
@@ -89,6 +97,11 @@ def extract_meta(body: dict[str, Any], headers: dict[str, str], client_key: str)
     if eval_spec is not None and not isinstance(eval_spec, dict):
         raise RequestError("clawray_eval must be an object")
     user = _clean_id("X-User-Id", vals["user_id"]) or "default"
+    if "/" in user:  # the tenant is "<user>/<workspace>": a "/" in the user would make it ambiguous
+        raise RequestError("X-User-Id must not contain '/'")
+    memory_scope = str(vals["memory_scope"] or "user").lower()
+    if memory_scope not in SCOPE_CAPS:
+        raise RequestError(f"X-Memory-Scope must be one of {', '.join(SCOPE_CAPS)}")
     workspace = _clean_id("X-Workspace-Id", vals["workspace_id"]) or "default"
     tenant = f"{user}/{workspace}"
     session = _clean_id("X-Session-Id", vals["session_id"])
@@ -100,16 +113,9 @@ def extract_meta(body: dict[str, Any], headers: dict[str, str], client_key: str)
         tenant=tenant,
         eval_spec=eval_spec,
         derived=session is None,
+        params=params_key(body),
+        memory_scope=memory_scope,
     )
-
-
-def next_state_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """The messages after the last assistant message: what followed the previous turn."""
-    for i in range(len(messages) - 1, -1, -1):
-        if messages[i].get("role") == "assistant":
-            tail = messages[i + 1:]
-            return tail or None
-    return None
 
 
 def turns_from_reply(
@@ -135,9 +141,13 @@ def turns_from_reply(
                 tool_calls=tool_calls[idx] if idx < len(tool_calls) else [],
                 finish_reason=c.finish_reason,
                 skills=skills,
+                memories=list(meta.memories),
+                memory_scope=meta.memory_scope,
                 skill_generation=generation,
                 adapter_version=cap.adapter,
+                sampling=cap.sampling,
                 group_id=group,
+                group_size=len(cap.choices),
                 last_in_session=meta.session_done,
                 eval_spec=meta.eval_spec,
             )

@@ -2,11 +2,13 @@
 
 We do not re-implement chat templates, tool parsing or streaming formats: `init_app_state` builds vLLM's
 `OpenAIServingChat`, `AnthropicServingMessages` and `OpenAIServingModels` exactly as `vllm serve` does,
-around a `TappedEngineClient` that captures token ids and logprobs (see capture.py).
+around a `TappedEngineClient` that captures token ids, logprobs and sampling parameters (see capture.py).
+The engine reports processed logprobs (`--logprobs-mode processed_logprobs`): the sampling distribution's.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import uuid
@@ -36,7 +38,14 @@ def vllm_cli_args(model_path: str, model: ModelConfig, engine: EngineConfig) -> 
         "--tool-call-parser", engine.tool_call_parser,
         "--disable-log-stats",
         "--enable-prefix-caching",
+        # Logprobs of the distribution each token was sampled from (after temperature, top-k, top-p),
+        # not the raw model's: the trainer's importance ratio divides by them (serve/capture.py).
+        "--logprobs-mode", "processed_logprobs",
     ]
+    if engine.default_temperature is not None:
+        # vLLM's server-wide default for requests that send no temperature (a request's own value wins);
+        # merged over the model's generation_config.json. The engine reports the temperature it applied.
+        args += ["--override-generation-config", json.dumps({"temperature": engine.default_temperature})]
     if engine.enforce_eager:
         args.append("--enforce-eager")
     if engine.device == "gpu":
@@ -166,15 +175,18 @@ class VLLMServing:
             raise EngineRequestError(int(res.error.code), res.error.message, res.error.type)
 
     async def remove_lora(self, name: str) -> None:
+        """Free the engine's slot, then forget the name in the serving layer. Idempotent: a retry after
+        a partial failure finishes the job (the name, and so the slot's id, is forgotten last)."""
         from vllm.entrypoints.serve.lora.protocol import UnloadLoRAAdapterRequest
 
         models = self.state.openai_serving_models
         lora = models.lora_requests.get(name)
+        if lora is None:
+            return  # already unloaded
+        await self.client.remove_lora(lora.lora_int_id)
         res = await models.unload_lora_adapter(UnloadLoRAAdapterRequest(lora_name=name))
         if _is_error(res):
             raise EngineRequestError(int(res.error.code), res.error.message, res.error.type)
-        if lora is not None:  # also free the engine's slot (the serving layer only forgets the name)
-            await self.client.remove_lora(lora.lora_int_id)
 
     def tokenizer(self) -> Any:
         return self.state.openai_serving_chat.renderer.tokenizer

@@ -99,10 +99,12 @@ def openai_client(serve_app):
     return openai.OpenAI(base_url=serve_app["base_url"] + "/v1", api_key="unused", max_retries=0)
 
 
+# The demo test runs first: it starts a cluster of its own (a subprocess), best before the suite's exists.
 # Modules that run their own `Replay` actor (the production name, in namespace `clawray`) must run
 # before the session's whole-system fixture creates the system's `Replay`, and they free the name after.
 # The learning test runs right after: it measures the policy on an empty skill library.
-RUN_FIRST = ("tests/integration/test_train_job.py", "tests/integration/test_train_learning.py")
+RUN_FIRST = ("tests/integration/test_demo.py", "tests/integration/test_train_job.py",
+             "tests/integration/test_invariant_support_query_overlap.py", "tests/integration/test_train_learning.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

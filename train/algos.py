@@ -96,8 +96,14 @@ def get_advantage_fn(name: str) -> Callable[..., torch.Tensor]:
     return _lookup(ADVANTAGES, name, "advantage estimator")
 
 
-def compute_advantages(rewards: torch.Tensor, group_ids: Sequence[str | None], eps: float = EPS) -> torch.Tensor:
-    """Dispatcher: `grpo_group` over samples that carry a group_id, `batch_norm` over the rest.
+def compute_advantages(rewards: torch.Tensor, group_ids: Sequence[str | None], eps: float = EPS, *,
+                       grouped: str = "grpo_group", loose: str = "batch_norm") -> torch.Tensor:
+    """Dispatcher through `ADVANTAGES`: `grouped` over samples that carry a group_id (called with the
+    group index), `loose` over the rest.
+
+    A GRPO group arrives whole (train/replay_store.py leases groups whole), so its mean and std are
+    over every member, zero-reward and zero-mask members included (the loss mask keeps their tokens
+    out of the loss, not their rewards out of the baseline).
 
     Args:
         rewards: (B,) float.
@@ -108,14 +114,14 @@ def compute_advantages(rewards: torch.Tensor, group_ids: Sequence[str | None], e
     if rewards.shape[0] != len(group_ids):
         raise ValueError(f"{rewards.shape[0]} rewards but {len(group_ids)} group ids")
     out = torch.zeros(rewards.shape[0], dtype=torch.float32)
-    grouped = [i for i, g in enumerate(group_ids) if g is not None]
-    loose = [i for i, g in enumerate(group_ids) if g is None]
-    if grouped:
+    in_group = [i for i, g in enumerate(group_ids) if g is not None]
+    alone = [i for i, g in enumerate(group_ids) if g is None]
+    if in_group:
         keys: dict[str, int] = {}
-        index = torch.tensor([keys.setdefault(group_ids[i], len(keys)) for i in grouped], dtype=torch.long)
-        out[grouped] = grpo_group_advantages(rewards[grouped], index, eps)
-    if loose:
-        out[loose] = batch_norm_advantages(rewards[loose], eps)
+        index = torch.tensor([keys.setdefault(group_ids[i], len(keys)) for i in in_group], dtype=torch.long)
+        out[in_group] = get_advantage_fn(grouped)(rewards[in_group], index, eps)
+    if alone:
+        out[alone] = get_advantage_fn(loose)(rewards[alone], eps)
     return out
 
 

@@ -9,7 +9,9 @@ same trick trl uses, and those logits line up with the response tokens without p
     targets    = response_ids          (B, R)
 
 `position_ids` count real tokens only (left pads do not shift positions), so logprobs match what the
-engine computed for the unpadded sequence.
+engine computed for the unpadded sequence. Each row also carries the sampling parameters its response
+was drawn with (`Sample.sampling`), so the learner's logprobs are taken under the same distribution as
+the engine's (train/step.py `sampling_logprobs`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ class Batch:
     mask: torch.Tensor  # (B, R) float, loss mask (0 on padding, masked or non-finite-logprob tokens)
     old_logprobs: torch.Tensor  # (B, R) float, engine logprobs of `targets` (0 on padding)
     advantages: torch.Tensor  # (B,) float, one per sample
+    temperature: torch.Tensor  # (B,) float32, each row's sampling temperature (< 1e-5 = greedy)
+    top_k: torch.Tensor  # (B,) long, 0 = off
+    top_p: torch.Tensor  # (B,) float32, 1 = off
     sample_ids: list[str]
     num_tokens: int  # real prompt + response tokens: the unit of throughput numbers
 
@@ -88,6 +93,9 @@ def collate(samples: Sequence[Sample], advantages: torch.Tensor | Sequence[float
         mask=mask,
         old_logprobs=old,
         advantages=adv,
+        temperature=torch.tensor([s.sampling.temperature for s in samples], dtype=torch.float32),
+        top_k=torch.tensor([s.sampling.top_k for s in samples], dtype=torch.long),
+        top_p=torch.tensor([s.sampling.top_p for s in samples], dtype=torch.float32),
         sample_ids=[s.sample_id for s in samples],
         num_tokens=sum(len(s.prompt_ids) + len(s.response_ids) for s in samples),
     )

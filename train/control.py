@@ -35,7 +35,8 @@ class TrainControl:
         self._steps_total = metrics.Counter("clawray_train_steps", description="GRPO steps completed")
 
     def reset(self) -> None:
-        """Called when a run (re)starts: a stop asked of a previous window must not stop this one."""
+        """Called when a run (re)starts: a stop asked of a previous window must not stop this one. Only
+        the holder of the run lock (train/run_lock.py) calls it, so no start resets a live run's flag."""
         self._stop, self._steps, self._state, self._since = False, [], "running", time.time()
 
     def request_stop(self) -> None:

@@ -1,11 +1,20 @@
 """The Ray Train (V2) worker loop of the GRPO job: `train_loop_per_worker(config)`.
 
 Per step, as timed phases:
-  lease    rank 0 leases a batch from the `Replay` actor (current generation only) and broadcasts it
+  lease    rank 0 leases a batch from the `Replay` actor (current generation only, GRPO groups whole),
+           moves samples the collate rejects to Replay's dead letters, and broadcasts the rest
   step     every worker trains on its shard (train.step), gradients all-reduced by DDP / DeepSpeed
+  seal     THE STEP'S COMMIT POINT, after the gradients exist and before the optimizer applies them:
+           rank 0 asks Replay to seal the batch (every sample still leased by this step, of the current
+           generation, no evolution in progress; train/replay_store.py) and broadcasts the answer.
+           Refused (an evolution claimed support from the batch, or the generation moved on): every
+           worker drops its gradients, nothing is checkpointed or published, the lease is released
+           (valid samples back to fresh) and the loop goes on; counted as `discarded_steps`.
   ckpt     `ray.train.report(metrics, checkpoint=...)`: adapter + optimizer state + step + lease id
   publish  rank 0 writes `adapters/policy-vNNNN/` atomically and asks serving to load + activate it
-  commit   rank 0 commits the lease: only now are the samples `trained`
+  commit   rank 0 commits the lease: sealed samples become `trained`
+So no support sample, and none served under a generation older than the current one at the seal, ever
+contributes a gradient to a published adapter.
 
 Resume: the newest checkpoint restores weights, optimizer and step: Ray Train's registered one
 (`ray.train.get_checkpoint()`), or a newer one that was persisted but not registered yet when the run
@@ -13,6 +22,9 @@ died (`latest_checkpoint_path`). The checkpoint names the lease
 it was trained on; rank 0 commits that lease (its samples are in the restored weights, so they must not
 be trained again) and releases every other lease the run still holds (they were not checkpointed, so
 they must be trained again). Thus a crash anywhere neither re-trains committed samples nor skips any.
+
+Tests drive interleavings through `config["test_hooks"]["before_seal"]`: the name of an actor whose
+`before_seal(info)` rank 0 awaits right before the seal.
 
 Stop: at each step boundary rank 0 stops when the run's `TrainControl` flag is set, when fewer than
 `min(min_fresh_samples, batch_size)` fresh samples remain, or after `max_steps` steps of this run.
@@ -36,6 +48,7 @@ import torch.distributed as dist
 from core.config import TrainConfig
 from core.contracts import Sample
 from core.storage import StorageLayout, atomic_write_json, read_json
+from train.batch import collate
 from train.control import NAMESPACE, control_name
 from train.model import build_peft_model, make_backend
 from train.publish import notify_serving, publish_adapter
@@ -64,6 +77,36 @@ def latest_checkpoint_path(storage: StorageLayout, run_name: str) -> Path:
     return storage.checkpoints / f"{run_name}.latest.json"
 
 
+def discard_log_path(storage: StorageLayout, run_name: str) -> Path:
+    """JSON lines, one per discarded step of the run (lease, sample ids, why the seal was refused)."""
+    return storage.checkpoints / f"{run_name}.discarded.jsonl"
+
+
+def poison_reason(sample: Sample, vocab_size: int) -> str | None:
+    """Why the trainer cannot use `sample` (it goes to the dead letters), or None."""
+    if any(not 0 <= t < vocab_size for t in (*sample.prompt_ids, *sample.response_ids)):
+        return f"token id outside the model's vocabulary (size {vocab_size})"
+    try:
+        collate([sample], [0.0])
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def split_poison(samples: list[Sample], vocab_size: int) -> tuple[list[Sample], dict[str, str]]:
+    """(usable samples, {poison sample id: why}). A GRPO group with a poison member leaves the step
+    whole: groups are trained whole or not at all."""
+    bad = {s.sample_id: why for s in samples if (why := poison_reason(s, vocab_size)) is not None}
+    broken = {s.group_id for s in samples if s.sample_id in bad and s.group_id is not None}
+    usable = [s for s in samples if s.sample_id not in bad and (s.group_id is None or s.group_id not in broken)]
+    return usable, bad
+
+
+def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
 def _broadcast(obj: Any, world: int) -> Any:
     if world == 1:
         return obj
@@ -82,6 +125,8 @@ class _Rank0:
         self.control = ray.get_actor(control_name(self.run_name), namespace=NAMESPACE)
         self.storage = StorageLayout(Path(config["storage_root"]))
         self.log_path = step_log_path(self.storage, self.run_name)
+        self.hook = (config.get("test_hooks") or {}).get("before_seal")
+        self.discarded, self.refused = 0, ""  # discarded steps of this run; why the last seal failed
 
     def recover(self, state: dict[str, Any]) -> None:
         if state.get("lease_id"):
@@ -90,15 +135,50 @@ class _Rank0:
         freed = ray.get(self.replay.release_owner.remote(self.run_name))
         log.info("resume: released %d samples of unfinished leases", freed)
 
-    def next_batch(self) -> tuple[str, list[Sample]] | str:
-        """(lease_id, samples), or the reason to stop."""
+    def next_batch(self, vocab_size: int) -> tuple[str, list[Sample]] | str:
+        """(lease_id, samples the trainer can use), or the reason to stop."""
         if ray.get(self.control.should_stop.remote()):
             return "stop_requested"
         min_size = min(self.cfg.min_fresh_samples, self.cfg.batch_size)
-        lease_id, samples = ray.get(
-            self.replay.lease.remote(self.cfg.batch_size, self.lease_s, self.run_name, min_size)
-        )
-        return (lease_id, samples) if samples else "no_fresh_samples"
+        while True:  # each round dead-letters at least one sample, so it ends
+            lease_id, samples = ray.get(
+                self.replay.lease.remote(self.cfg.batch_size, self.lease_s, self.run_name, min_size)
+            )
+            if not samples:
+                return "no_fresh_samples"
+            usable = self._usable(samples, vocab_size)
+            if usable:
+                return lease_id, usable
+            ray.get(self.replay.release.remote(lease_id))
+
+    def _usable(self, samples: list[Sample], vocab_size: int) -> list[Sample]:
+        """Dead-letter poison samples (`split_poison`); the siblings of a poison group member stay in
+        the lease unsealed, so the commit or release hands them back."""
+        usable, bad = split_poison(samples, vocab_size)
+        for sid, why in bad.items():
+            ray.get(self.replay.dead_letter.remote([sid], why))
+            log.warning("sample %s rejected by the trainer (dead letter): %s", sid, why)
+        return usable
+
+    def seal(self, lease_id: str, samples: list[Sample]) -> bool:
+        """The step's commit point (see the module docstring): True when Replay sealed the batch."""
+        ids = [s.sample_id for s in samples]
+        if self.hook:
+            ray.get(ray.get_actor(self.hook, namespace=NAMESPACE).before_seal.remote(
+                {"lease_id": lease_id, "sample_ids": ids}))
+        ok, why = ray.get(self.replay.seal.remote(lease_id, ids))
+        if not ok:
+            log.warning("step discarded: the seal of lease %s was refused: %s", lease_id, why)
+            self.refused = why
+        return bool(ok)
+
+    def discard(self, lease_id: str, samples: list[Sample], metrics: dict[str, Any]) -> None:
+        """A refused step: hand the lease back (valid samples become fresh again) and log it."""
+        freed = ray.get(self.replay.release.remote(lease_id))
+        self.discarded += 1
+        _append_jsonl(discard_log_path(self.storage, self.run_name), {
+            "lease_id": lease_id, "sample_ids": [s.sample_id for s in samples], "released": freed,
+            "reason": self.refused, "step_s": metrics.get("step_s"), "time": time.time()})
 
     def finish_step(self, backend, state: dict[str, Any], samples: list[Sample], metrics: dict) -> dict:
         """Publish, hot-swap, commit, log. Runs after the step's checkpoint is persisted."""
@@ -114,9 +194,9 @@ class _Rank0:
         record = {
             **metrics, "adapter": name, "hot_swapped": swapped, "committed": committed,
             "generation": generation, "publish_s": time.perf_counter() - t0, "time": time.time(),
+            "discarded_steps": self.discarded,
         }
-        with open(self.log_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        _append_jsonl(self.log_path, record)
         self.control.record_step.remote(record)
         return record
 
@@ -166,7 +246,7 @@ def _checkpoint_and_report(backend, state: dict[str, Any], metrics: dict, rank: 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train worker entry point. `config` keys: train (TrainConfig dump), model_path, storage_root,
-    run_name, max_steps, lease_s, notify_serving."""
+    run_name, max_steps, lease_s, notify_serving, test_hooks (optional, tests only)."""
     logging.basicConfig(level=logging.INFO)
     cfg = TrainConfig.model_validate(config["train"])
     ctx = ray.train.get_context()
@@ -184,13 +264,22 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     rank0 = _Rank0(cfg, config) if rank == 0 else None
     if rank0:
         rank0.recover(state)
-    for _ in range(int(config["max_steps"])):
-        got = _broadcast(rank0.next_batch() if rank0 else None, world)
+    vocab_size = int(backend.peft_model.config.vocab_size)
+    for _ in range(int(config["max_steps"])):  # a discarded step counts: evolutions cannot pin the loop
+        got = _broadcast(rank0.next_batch(vocab_size) if rank0 else None, world)
         if isinstance(got, str):
             log.info("stopping at step %d: %s", state["step"], got)
             break
         lease_id, samples = got
-        metrics = train_step(backend, samples, cfg, rank=rank, world=world, device=device)
+
+        def sealed(lease_id: str = lease_id, samples: list[Sample] = samples) -> bool:
+            return bool(_broadcast(rank0.seal(lease_id, samples) if rank0 else None, world))
+
+        metrics = train_step(backend, samples, cfg, rank=rank, world=world, device=device, before_update=sealed)
+        if metrics["discarded"]:
+            if rank0:
+                rank0.discard(lease_id, samples, metrics)
+            continue
         state.update(step=state["step"] + 1, lease_id=lease_id)
         metrics.update(step=state["step"], lease_id=lease_id, sample_ids=[s.sample_id for s in samples])
         _checkpoint_and_report(backend, state, metrics, rank, latest)

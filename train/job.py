@@ -6,6 +6,11 @@ to run on V1 (a process that imported `ray.train` with the variable at 0 keeps V
 variable from the driver to the Train controller and workers when it is set explicitly, so the whole
 job runs V2; a cluster started with `RAY_TRAIN_V2_ENABLED=0` in its env must be restarted without it.
 
+One trainer at a time: every run (the Controller's windows, `rl` and manual runs, this CLI) holds the
+storage root's run lock (train/run_lock.py) while it trains. A second start is refused with "a training
+run is already running since …" naming the holder (this CLI then exits 2); a lock left by a killed
+holder is taken over once that holder's Ray Train actors are gone.
+
     python -m train.job --config configs/local.yaml --steps 4 [--run-name grpo]
 """
 
@@ -18,7 +23,9 @@ os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")  # before any `import ray.tra
 import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import sys  # noqa: E402
 import threading  # noqa: E402
+import time  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -28,11 +35,15 @@ import ray  # noqa: E402
 from core.config import TrainConfig  # noqa: E402
 from core.storage import StorageLayout  # noqa: E402
 from train.control import NAMESPACE, get_control  # noqa: E402
-from train.grpo import step_log_path, train_loop_per_worker  # noqa: E402
+from train.grpo import discard_log_path, step_log_path, train_loop_per_worker  # noqa: E402
 from train.replay import NAME as REPLAY_NAME  # noqa: E402
+from train.run_lock import Holding, RunLease, RunLockBusy, run_lock_for  # noqa: E402
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
+PREVIOUS_RUN_TIMEOUT_S = 60.0  # how long a start waits for a dead lock holder's Ray Train actors to end
+TRAIN_ACTOR_CLASSES = ("TrainController", "RayTrainWorker")  # Ray Train V2's controller and worker actors
+CLOCK_SKEW_S = 5.0  # between the lock holder's clock and Ray's (GCS) start times of its actors
 
 
 @dataclass
@@ -43,6 +54,7 @@ class TrainResult:
     stop_reason: str
     error: str | None = None
     adapters: list[str] = field(default_factory=list)
+    discarded_steps: int = 0  # steps whose seal was refused (train/grpo.py): no update, nothing published
 
     @property
     def trained_sample_ids(self) -> list[str]:
@@ -61,8 +73,10 @@ def _require_v2() -> None:
 
 def build_trainer(cfg: TrainConfig, *, model_path: str, storage: StorageLayout, max_steps: int,
                   run_name: str, lease_s: float = 600.0, notify_serving: bool = True,
-                  max_failures: int = 2):
-    """A `TorchTrainer` for the GRPO loop (fixed or elastic workers from `cfg.num_workers`)."""
+                  max_failures: int = 2, test_hooks: dict[str, str] | None = None):
+    """A `TorchTrainer` for the GRPO loop (fixed or elastic workers from `cfg.num_workers`).
+
+    `test_hooks` (tests only): {"before_seal": name of an actor rank 0 awaits before sealing a step}."""
     _require_v2()
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -80,6 +94,7 @@ def build_trainer(cfg: TrainConfig, *, model_path: str, storage: StorageLayout, 
     loop_config = {
         "train": cfg.model_dump(mode="json"), "model_path": model_path, "storage_root": str(storage.root),
         "run_name": run_name, "max_steps": max_steps, "lease_s": lease_s, "notify_serving": notify_serving,
+        "test_hooks": dict(test_hooks or {}),
     }
     return TorchTrainer(
         train_loop_per_worker,
@@ -97,15 +112,46 @@ def _read_steps(path: Path, since: int) -> list[dict[str, Any]]:
     return [json.loads(x) for x in lines[since:] if x.strip()]
 
 
-def run_training(cfg: TrainConfig, *, model_path: str, storage: StorageLayout, max_steps: int | None = None,
-                 run_name: str = "grpo", lease_s: float = 600.0, notify_serving: bool = True,
-                 control=None) -> TrainResult:
-    """Train until stopped, out of fresh samples, or `max_steps` (default `cfg.max_steps_per_window`).
+def take_run_lock(storage: StorageLayout, holder: str) -> RunLease:
+    """Take the storage root's run lock (train/run_lock.py) for `holder`, or raise `RunLockBusy`."""
+    info = {"ray_job": ray.get_runtime_context().get_job_id()} if ray.is_initialized() else {}
+    return run_lock_for(storage).acquire(holder, info=info)
 
-    Needs `ray.init` done and the `Replay` actor running. Re-running with the same `run_name` and
-    storage resumes from the run's latest checkpoint.
+
+def _live_train_actors(holding: Holding) -> list[str]:
+    """Ray Train actors that `holding`'s holder started while it held the lock and that are not dead
+    yet, from the GCS actor table (Ray's own accessor: `ray.util.state` goes through the dashboard, which
+    the embedded default does not run). Older actors of the same Ray job belong to runs that ended and
+    gave the lock back (a driver keeps its last idle Train controller alive)."""
+    from ray._private.state import actors
+
+    table = actors(job_id=ray.JobID.from_hex(holding.info["ray_job"]))
+    since_ms = (holding.since - CLOCK_SKEW_S) * 1000
+    return [a["ActorID"] for a in table.values()
+            if a["ActorClassName"] in TRAIN_ACTOR_CLASSES and a["State"] != "DEAD"
+            and (a["StartTime"] == 0 or a["StartTime"] >= since_ms)]  # 0: not started yet
+
+
+def await_previous_run_gone(previous: Holding | None) -> None:
+    """After taking the run lock over from a dead holder, wait until its Ray Train actors are dead too.
+
+    Ray ends a dead process's actors (its Train controller, then that one's workers) asynchronously; a
+    worker still in its step could commit a lease that this run's recovery is about to release, or
+    publish an adapter after ours. Raises RuntimeError when they outlive `PREVIOUS_RUN_TIMEOUT_S`.
     """
-    storage.ensure()
+    if previous is None or not previous.info.get("ray_job") or not ray.is_initialized():
+        return  # the lock was free, or its holder ran without Ray
+    deadline = time.monotonic() + PREVIOUS_RUN_TIMEOUT_S
+    while alive := _live_train_actors(previous):
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the run lock was taken over from {previous.describe()}, but {len(alive)} Ray Train "
+                f"actor(s) of its job are still alive after {PREVIOUS_RUN_TIMEOUT_S:.0f} s: {', '.join(alive[:4])}"
+            )
+        time.sleep(0.5)
+
+
+def _require_replay() -> None:
     try:  # fail fast here: inside the trainer a missing actor would be retried as a worker failure
         ray.get_actor(REPLAY_NAME, namespace=NAMESPACE)
     except ValueError as e:
@@ -113,14 +159,51 @@ def run_training(cfg: TrainConfig, *, model_path: str, storage: StorageLayout, m
             f"no {REPLAY_NAME!r} actor in namespace {NAMESPACE!r}: start it first "
             "(train.replay.get_or_create_replay)"
         ) from e
-    if control is None:  # TrainJob passes its own, already reset when it started
-        control = get_control(run_name)
-        ray.get(control.reset.remote())
+
+
+def run_training(cfg: TrainConfig, *, model_path: str, storage: StorageLayout, max_steps: int | None = None,
+                 run_name: str = "grpo", lease_s: float = 600.0, notify_serving: bool = True,
+                 control=None, test_hooks: dict[str, str] | None = None, lease: RunLease | None = None,
+                 holder: str = "python -m train.job") -> TrainResult:
+    """Train until stopped, out of fresh samples, or `max_steps` (default `cfg.max_steps_per_window`).
+
+    Needs `ray.init` done and the `Replay` actor running. Re-running with the same `run_name` and
+    storage resumes from the run's latest checkpoint.
+
+    One trainer at a time: the run holds the storage root's run lock from before its trainer starts
+    until it has ended. While another run holds it, this raises `RunLockBusy` ("a training run is already
+    running since …", naming that run) and touches nothing: not the run's control actor, not a Replay
+    lease. That is what makes the recovery every run starts with (rank 0 releases every open lease
+    owned by `run_name`) safe: the only other leases under that name are a dead run's. `lease`: the lock,
+    already taken by the caller (`TrainJob.start`, so a refused start is answered at once); it is given
+    back here either way.
+    """
+    storage.ensure()
+    lease = lease or take_run_lock(storage, f"{holder} (run {run_name!r})")
+    try:
+        _require_replay()
+        await_previous_run_gone(lease.previous)
+        if control is None:  # TrainJob passes its own, reset once it held the lock
+            control = get_control(run_name)
+            ray.get(control.reset.remote())
+        lease.on_lost(control.request_stop.remote)  # taken over after a stall: stop at the next boundary
+        return _train(cfg, control, model_path=model_path, storage=storage, max_steps=max_steps,
+                      run_name=run_name, lease_s=lease_s, notify_serving=notify_serving, test_hooks=test_hooks)
+    finally:
+        lease.release()
+
+
+def _train(cfg: TrainConfig, control, *, model_path: str, storage: StorageLayout, max_steps: int | None,
+           run_name: str, lease_s: float, notify_serving: bool,
+           test_hooks: dict[str, str] | None) -> TrainResult:
+    """The run itself, under the run lock: build the trainer, fit, read back what it did."""
     log_path = step_log_path(storage, run_name)
     seen = len(_read_steps(log_path, 0))
+    seen_discards = len(_read_steps(discard_log_path(storage, run_name), 0))
     steps = max_steps if max_steps is not None else cfg.max_steps_per_window
     trainer = build_trainer(cfg, model_path=model_path, storage=storage, max_steps=steps,
-                            run_name=run_name, lease_s=lease_s, notify_serving=notify_serving)
+                            run_name=run_name, lease_s=lease_s, notify_serving=notify_serving,
+                            test_hooks=test_hooks)
     error = None
     try:
         result = trainer.fit()
@@ -128,11 +211,13 @@ def run_training(cfg: TrainConfig, *, model_path: str, storage: StorageLayout, m
     except Exception as e:  # noqa: BLE001 - any training failure is reported to the caller as data
         error, checkpoint = f"{type(e).__name__}: {e}", None
     done = _read_steps(log_path, seen)
+    discarded = len(_read_steps(discard_log_path(storage, run_name), seen_discards))
     stopped = ray.get(control.should_stop.remote())
-    reason = "error" if error else "stop_requested" if stopped else "max_steps" if len(done) >= steps else "no_fresh_samples"
+    reason = ("error" if error else "stop_requested" if stopped
+              else "max_steps" if len(done) + discarded >= steps else "no_fresh_samples")
     ray.get(control.set_state.remote("failed" if error else "finished"))
     return TrainResult(run_name=run_name, steps=done, checkpoint=checkpoint, stop_reason=reason,
-                       error=error, adapters=[s["adapter"] for s in done])
+                       error=error, adapters=[s["adapter"] for s in done], discarded_steps=discarded)
 
 
 class TrainJob:
@@ -144,25 +229,37 @@ class TrainJob:
 
     def __init__(self, cfg: TrainConfig, *, model_path: str, storage: StorageLayout,
                  run_name: str = "grpo", max_steps: int | None = None, lease_s: float = 600.0,
-                 notify_serving: bool = True) -> None:
+                 notify_serving: bool = True, holder: str = "TrainJob") -> None:
         self._kwargs = dict(model_path=model_path, storage=storage, max_steps=max_steps, run_name=run_name,
                             lease_s=lease_s, notify_serving=notify_serving)
         self._cfg, self.run_name = cfg, run_name
+        self._holder = f"{holder} (run {run_name!r})"
         self._thread: threading.Thread | None = None
         self._result: TrainResult | None = None
         self._control = None
 
     def start(self) -> None:
-        if self.running:
-            raise RuntimeError(f"training run {self.run_name!r} is already running")
+        """Take the run lock, then start the run in a thread. Raises `RunLockBusy` while any run holds the
+        lock (this job's own run included), before touching the run's control actor."""
+        lease = take_run_lock(self._kwargs["storage"], self._holder)
+        try:
+            self._control = get_control(self.run_name)
+            ray.get(self._control.reset.remote())  # before the thread: a stop requested now must count
+        except BaseException:
+            lease.release()
+            raise
         self._result = None
-        self._control = get_control(self.run_name)
-        ray.get(self._control.reset.remote())  # before the thread: a stop requested now must count
-        self._thread = threading.Thread(target=self._run, name=f"train-{self.run_name}", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(lease,), name=f"train-{self.run_name}",
+                                        daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
-        self._result = run_training(self._cfg, control=self._control, **self._kwargs)
+    def _run(self, lease: RunLease) -> None:
+        try:
+            self._result = run_training(self._cfg, control=self._control, lease=lease, **self._kwargs)
+        except Exception as e:  # noqa: BLE001 - a run that could not start (no Replay actor, ...) is data too
+            log.exception("training run %r failed", self.run_name)
+            self._result = TrainResult(run_name=self.run_name, steps=[], checkpoint=None, stop_reason="error",
+                                       error=f"{type(e).__name__}: {e}")
 
     @property
     def running(self) -> bool:
@@ -209,10 +306,14 @@ def main(argv: list[str] | None = None) -> int:
     storage = StorageLayout(cfg.storage_path()).ensure()
     replay = get_or_create_replay(cfg.replay, storage)  # keep the handle: the actor lives while it is held
     ray.get(replay.stats.remote())
-    result = run_training(
-        cfg.train, model_path=cfg.model_path(), storage=storage, max_steps=args.steps,
-        run_name=args.run_name, lease_s=cfg.replay.lease_timeout_s, notify_serving=not args.no_serve,
-    )
+    try:
+        result = run_training(
+            cfg.train, model_path=cfg.model_path(), storage=storage, max_steps=args.steps,
+            run_name=args.run_name, lease_s=cfg.replay.lease_timeout_s, notify_serving=not args.no_serve,
+        )
+    except RunLockBusy as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     summary = asdict(result)
     summary["steps"] = [{k: v for k, v in s.items() if k != "sample_ids"} for s in result.steps]
     print(json.dumps(summary, indent=2, default=str))

@@ -92,6 +92,9 @@ class DDPBackend:
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
+    def discard(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
     def save(self, ckpt_dir: Path, rank: int) -> bool:
         """Rank 0 writes adapter + optimizer (DDP replicas are identical). Returns whether it wrote."""
         if rank != 0:
@@ -147,11 +150,19 @@ class DeepSpeedBackend:
     def backward(self, loss: torch.Tensor) -> None:
         # Our micro losses already sum to the step's mean: stop DeepSpeed dividing by grad_accum again.
         self.model.backward(loss, scale_wrt_gas=False)
-        self.model.step()  # a no-op except at the accumulation boundary
+        if not self.model.is_gradient_accumulation_boundary():
+            self.model.step()  # counts the micro-batch; the boundary's update waits for step()/discard()
 
     def step(self) -> float:
+        self.model.step()  # at the accumulation boundary: the optimizer update
         norm = self.model.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")
+
+    def discard(self) -> None:
+        # A refused step: clear ZeRO's reduced gradients and count the boundary micro-batch as
+        # `engine.step()` would, without the update. NOTE: not exercised on CPU (no DeepSpeed here).
+        self.model.optimizer.zero_grad()
+        self.model.micro_steps += 1
 
     def save(self, ckpt_dir: Path, rank: int) -> bool:
         """Every rank writes its ZeRO shard (collective); rank 0 also writes the peft adapter."""

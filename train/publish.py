@@ -1,9 +1,12 @@
 """Publishing a trained LoRA version (`adapters/policy-vNNNN/`) and telling serving to hot-swap it.
 
 A version folder appears atomically: peft's `save_pretrained` and `manifest.json` are written into a
-hidden temp folder beside it, fsynced, then renamed into place, so the serving plane never sees a
-half-written adapter. Every version gets a new name (DESIGN.md "Adapter": vLLM and Ray Serve LLM cache
-adapters by name).
+hidden temp folder beside it, fsynced, then renamed into place (and the adapters folder fsynced), so
+the serving plane never sees a half-written adapter and a published version survives a power loss.
+Temp folders that a crashed publish left behind are removed by the next publish once they are stale
+(core/storage.py `TMP_GRACE_S`); old versions are removed by the serving side, which knows what it
+serves (serve/engine.py). Every version gets a new name (DESIGN.md "Adapter": vLLM and Ray Serve LLM
+cache adapters by name).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 
 from core.config import LoRAConfig
 from core.contracts import AdapterManifest, adapter_name, parse_adapter_name
-from core.storage import atomic_write_json
+from core.storage import TMP_PREFIX, atomic_write_json, remove_stale_temps, rename_durably
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +62,8 @@ def publish_adapter(
     rename fails and the next number is tried, so a version is never overwritten.
     """
     adapters_dir.mkdir(parents=True, exist_ok=True)
-    tmp = adapters_dir / f".tmp-{uuid.uuid4().hex}"
+    remove_stale_temps(adapters_dir)  # what a publish that crashed before its rename left behind
+    tmp = adapters_dir / f"{TMP_PREFIX}{uuid.uuid4().hex}"
     try:
         peft_model.save_pretrained(str(tmp))
         for _ in range(100):
@@ -74,7 +78,7 @@ def publish_adapter(
             _fsync_tree(tmp)
             final = adapters_dir / name
             try:
-                os.rename(tmp, final)  # atomic; refuses an existing non-empty folder
+                rename_durably(tmp, final)  # atomic; refuses an existing non-empty folder
             except OSError:
                 if final.exists():
                     continue

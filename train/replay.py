@@ -3,11 +3,16 @@
 Name `Replay`, namespace `clawray`, restarted forever (`max_restarts=-1`): the store is durable, so a
 restarted actor reopens the same SQLite file and loses nothing that was acknowledged. Calls are retried
 after a restart: `append` is idempotent (sample ids), a retried `lease` at worst leaves one orphan lease
-that expires and is re-delivered.
+that expires and is re-delivered, a retried `begin_evolution` one orphan fence that refuses seals until
+it expires (`evolve.loop.fence_ttl_s`).
+
+The evolution fence (`begin_evolution` / `end_evolution`), the training step's commit point (`seal`)
+and the dead letters (`dead_letter`, `dead_letters`, `requeue`, `drop`) are ReplayStore's; see there.
 
 Also exports gauges through `ray.util.metrics` (Prometheus via the Ray metrics agent):
 `clawray_replay_samples{state}`, `clawray_replay_samples_current_generation{state}`,
-`clawray_replay_stale_retired`, `clawray_replay_generation`, `clawray_replay_oldest_fresh_age_s`.
+`clawray_replay_stale_retired`, `clawray_replay_generation`, `clawray_replay_oldest_fresh_age_s`,
+`clawray_replay_dead_letters`.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class Replay:
             "stale": Gauge("clawray_replay_stale_retired", "samples retired by a skill generation bump"),
             "generation": Gauge("clawray_replay_generation", "current skill generation"),
             "age": Gauge("clawray_replay_oldest_fresh_age_s", "age of the oldest trainable sample"),
+            "dead": Gauge("clawray_replay_dead_letters", "samples the trainer rejected (dead letters)"),
         }
         self._exported = 0.0
         self._export(force=True)
@@ -59,6 +65,7 @@ class Replay:
         self._gauges["stale"].set(st["by_state"]["retired"])
         self._gauges["generation"].set(st["generation"])
         self._gauges["age"].set(st["oldest_fresh_age_s"] or 0.0)
+        self._gauges["dead"].set(st["dead_letters"])
         return st
 
     def append(self, samples: list[Sample]) -> int:
@@ -74,6 +81,35 @@ class Replay:
 
     def mark_support(self, ids: list[str]) -> int:
         return self._store.mark_support(ids)
+
+    def begin_evolution(self, ids: list[str], ttl_s: float) -> tuple[str, list[str]]:
+        return self._store.begin_evolution(ids, ttl_s)
+
+    def end_evolution(self, token: str, new_generation: int | None, release_ids: list[str]) -> dict:
+        out = self._store.end_evolution(token, new_generation, release_ids)
+        self._export(force=new_generation is not None)
+        return out
+
+    def seal(self, lease_id: str, sample_ids: list[str]) -> tuple[bool, str]:
+        return self._store.seal(lease_id, sample_ids)
+
+    def dead_letter(self, sample_ids: list[str], error: str) -> int:
+        n = self._store.dead_letter(sample_ids, error)
+        self._export(force=True)
+        return n
+
+    def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
+        return self._store.dead_letters(limit)
+
+    def requeue(self, sample_ids: list[str]) -> int:
+        n = self._store.requeue(sample_ids)
+        self._export(force=True)
+        return n
+
+    def drop(self, sample_ids: list[str]) -> int:
+        n = self._store.drop(sample_ids)
+        self._export(force=True)
+        return n
 
     def lease(
         self, batch_size: int, lease_s: float | None = None, owner: str | None = None, min_size: int = 1

@@ -1,8 +1,10 @@
 """One GRPO optimisation step on a model, independent of Ray (the worker loop and the benchmark share it).
 
 Phases: advantages over the WHOLE leased batch -> this worker's shard -> `grad_accum` micro-batches ->
-forward (logits only for response columns) -> per-token logprobs (trl's memory-light
-`selective_log_softmax`) -> loss (train.algos) -> backward -> optimizer step through a `Backend`.
+forward (logits only for response columns) -> per-token logprobs under each row's sampling
+distribution (`sampling_logprobs`: the engine's own processing, so the importance ratio compares like
+with like; trl's memory-light `selective_log_softmax`) -> loss (train.algos) -> backward -> optimizer
+step through a `Backend`.
 
 Data parallelism: every worker holds the full batch, so it knows the global masked-token count N.
 Each micro-batch loss is (sum of its token losses) * world / N; DDP (and DeepSpeed) average gradients
@@ -15,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -37,6 +39,7 @@ class Backend(Protocol):
     def no_sync(self, last_micro: bool) -> contextlib.AbstractContextManager: ...
     def backward(self, loss: torch.Tensor) -> None: ...
     def step(self) -> float: ...  # returns the gradient norm before clipping
+    def discard(self) -> None: ...  # drop the accumulated gradients without an update
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -44,8 +47,48 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)
 
 
+GREEDY_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS: below it a request is greedy, logprobs at temperature 1
+
+
+def _top_k_top_p(x: torch.Tensor, k: int, p: torch.Tensor) -> torch.Tensor:
+    """vLLM's `apply_top_k_top_p` for one row's (R, V) logits: keep the logits >= the k-th largest
+    (ties kept), then drop the smallest-probability tokens whose cumulative probability stays <= 1 - p
+    (the most likely token always stays). Dropped logits become -inf."""
+    if 0 < k < x.shape[-1]:
+        x = x.masked_fill(x < x.topk(k, dim=-1).values[..., -1:], -math.inf)
+    if p < 1.0:
+        srt, idx = x.sort(dim=-1, descending=False)
+        drop = srt.softmax(dim=-1).cumsum(dim=-1) <= 1 - p
+        drop[..., -1] = False
+        x = torch.empty_like(x).scatter_(-1, idx, srt.masked_fill(drop, -math.inf))
+    return x
+
+
+def sampling_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+    top_p: torch.Tensor,
+) -> torch.Tensor:
+    """Logprobs of `targets` under the distribution each row was sampled from, in vLLM's order (its
+    `Sampler` with `logprobs_mode=processed_logprobs`): logits / temperature (greedy rows: 1), top-k,
+    top-p, log_softmax. A target outside its row's kept set gets -inf.
+
+    Args: logits (B, R, V) float32; targets (B, R) long; temperature, top_p (B,) float32; top_k (B,) long.
+    Returns: (B, R) float32.
+    NOTE: vLLM's other logits processors (penalties, min_p, logit_bias, bad words) are not reproduced.
+    """
+    temps = torch.where(temperature < GREEDY_TEMPERATURE, torch.ones_like(temperature), temperature)
+    plain = (temps == 1.0) & ((top_k <= 0) | (top_k >= logits.shape[-1])) & (top_p >= 1.0)
+    if bool(plain.all()):
+        return selective_log_softmax(logits, targets)  # memory-light: no (B, R, V) copies
+    rows = []
+    for i in range(logits.shape[0]):  # one row at a time: the top-p sort costs O(R * V), not O(B * R * V)
+        x = logits[i] if plain[i] else _top_k_top_p(logits[i] / temps[i], int(top_k[i]), top_p[i])
+        rows.append(selective_log_softmax(x, targets[i]))
+    return torch.stack(rows)
+
+
 def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """Learner logprobs of the sampled response tokens, (B, R) float32.
+    """Learner logprobs of the sampled response tokens under each row's sampling distribution, (B, R) fp32.
 
     Only the last R positions go through the LM head (`logits_to_keep`), so memory is O(B * R * V),
     not O(B * L * V); logits are upcast to fp32 so ratios against the engine's fp32 logprobs are exact.
@@ -57,7 +100,20 @@ def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         logits_to_keep=batch.response_len,
         use_cache=False,
     )
-    return selective_log_softmax(out.logits.float(), batch.targets)
+    return sampling_logprobs(out.logits.float(), batch.targets, batch.temperature, batch.top_k, batch.top_p)
+
+
+def _finite(mask: torch.Tensor, *logps: torch.Tensor | None) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    """Mask tokens whose learner (or reference) logprob is -inf and zero those logprobs.
+
+    A sampled token can fall outside the learner's top-k/top-p set once the weights moved (and padding
+    targets often do); its ratio is 0 and its gradient under IS/PPO is 0 anyway, but -inf would turn a
+    CISPO loss or a KL term into inf/nan. Such a token is masked, like one without an engine logprob."""
+    for lp in logps:
+        if lp is not None:
+            mask = mask * torch.isfinite(lp).to(mask.dtype)
+    return mask, [None if lp is None else torch.where(torch.isfinite(lp), lp, torch.zeros_like(lp))
+                  for lp in logps]
 
 
 def micro_loss(
@@ -71,8 +127,9 @@ def micro_loss(
             # With LoRA the base model is the same network with the adapter switched off: no second copy.
             with torch.no_grad(), unwrap(backend.model).disable_adapter():
                 ref = token_logprobs(unwrap(backend.model), batch)
+    mask, (logp, ref) = _finite(batch.mask, logp, ref)
     return algos.policy_loss(
-        cfg.loss, logp, batch.old_logprobs, batch.advantages, batch.mask,
+        cfg.loss, logp, batch.old_logprobs, batch.advantages, mask,
         clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, kl_coef=cfg.kl_coef,
         ref_logp=ref, denom=denom,
     )
@@ -108,9 +165,13 @@ def train_step(
     rank: int = 0,
     world: int = 1,
     device: torch.device | str = "cpu",
+    before_update: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """One optimizer step on `samples` (the full leased batch, identical on every worker).
 
+    `before_update` runs once the gradients exist and before the optimizer applies them; it must
+    return the same answer on every worker (the worker loop broadcasts rank 0's seal decision). False
+    discards the gradients: no update, metrics with `discarded=True` (train/grpo.py's commit point).
     Returns step metrics, summed over all workers (a collective: every worker must call it).
     """
     t0 = time.perf_counter()
@@ -131,7 +192,10 @@ def train_step(
         loss_total += loss.item()
         for key, v in stats.items():
             sums[key] = sums.get(key, 0.0) + float(v)
-    grad_norm = backend.step()
+    discarded = before_update is not None and not before_update()
+    if discarded:
+        backend.discard()
+    grad_norm = float("nan") if discarded else backend.step()
     g = _global_sums([loss_total, sums.get("ratio_sum", 0.0), sums.get("clipped_tokens", 0.0),
                       sums.get("kl_sum", 0.0), sums.get("tokens", 0.0), float(sum(b.num_tokens for b in micro))],
                      world, device)
@@ -147,6 +211,7 @@ def train_step(
         "tokens_trained": g[4],  # masked (trained) response tokens
         "tokens_seq": g[5],  # prompt + response tokens through the model
         "step_s": time.perf_counter() - t0,
+        "discarded": discarded,
     }
 
 

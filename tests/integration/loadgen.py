@@ -1,7 +1,7 @@
 """Steady load for the reliability and concurrency tests, with every request accounted for.
 
 Simulated users play sessions of the `clawray-mini` workload through the proxy with the official OpenAI
-SDK, like `scripts/driver.py` (session headers, the round's `clawray_eval` spec so the PRM scores every
+SDK, like `harness/driver.py` (session headers, the round's `clawray_eval` spec so the PRM scores every
 turn, the checker's feedback as the next state, `X-Session-Done` on the last round), in a background
 thread with its own event loop. Unlike the driver they never retry (`max_retries=0`) and log every
 request (times, status, serving replica, reply text), so a test can tell what the client saw succeed from
@@ -28,8 +28,8 @@ import openai
 import ray
 
 from core.config import REPO_ROOT
-from scripts.driver import score_round
-from scripts.workload import Round, load_workload
+from harness.driver import score_round
+from harness.workload import Round, load_workload
 
 WORKLOAD = REPO_ROOT / "workloads" / "clawray-mini"
 

@@ -68,5 +68,11 @@ def test_start_status_stop_round_trip(tmp_path):
         r = _cli("stop", "-c", str(path), timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     assert not (tmp_path / "state" / "control" / "ray_head.json").exists()
+    # `ray start` recorded the head as this machine's current cluster; a stale record made the README's
+    # next step (`serve run`, which joins the current cluster) hang on a dead address.
+    from ray._common.utils import get_ray_address_file
+
+    current = Path(get_ray_address_file(None))
+    assert not (current.exists() and current.read_text().strip().endswith(f":{cfg['ray']['head_port']}"))
     r = _cli("status", "-c", str(path), timeout=60)
     assert r.returncode == 2 and "not running" in r.stdout

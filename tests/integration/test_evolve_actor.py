@@ -34,15 +34,21 @@ def recording_replay(ray_cluster):
     @ray.remote(num_cpus=0)
     class RecordingReplay:
         def __init__(self):
-            self.support, self.generations = [], []
+            self.support, self.generations, self.claims = [], [], {}
 
-        def mark_support(self, ids):
-            self.support.append(ids)
-            return len(ids)
+        def begin_evolution(self, ids, ttl_s):
+            token = str(len(self.claims))
+            self.claims[token] = list(ids)
+            return token, list(ids)
 
-        def set_generation(self, generation):
-            self.generations.append(generation)
-            return 0
+        def end_evolution(self, token, generation, release_ids):
+            if generation is not None:  # S changed: the claims stay support
+                self.support.append(self.claims[token])
+                self.generations.append(generation)
+            return {}
+
+        def stats(self):
+            return {"generation": 0}
 
         def seen(self):
             return self.support, self.generations

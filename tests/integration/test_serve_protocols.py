@@ -250,7 +250,9 @@ def test_anthropic_stream_events(claude, serve_app):
 
 async def _until_tool_use(make, attempts: int = 3):
     """Forced tool use without a whitespace bias (Anthropic requests have no logit_bias): xgrammar's JSON
-    allows whitespace runs, so a random model sometimes hits max_tokens inside the arguments; retry."""
+    allows whitespace runs, so a random model sometimes hits max_tokens inside the arguments; retry.
+    The requests send temperature 1.0 (in the body: the installed SDK has no such argument): at the
+    engine's default (0.1 in local.yaml) the tiny model is peaked on whitespace and never leaves it."""
     for _ in range(attempts):
         out = await make()
         message = out[-1]
@@ -269,7 +271,8 @@ def test_anthropic_tool_use_and_tool_result_async(serve_app, tok):
 
         async def create():
             return [await aclaude.messages.create(model="m", max_tokens=350, messages=msgs, tools=A_TOOLS,
-                                                  tool_choice=choice, extra_headers={"X-Session-Id": sid})]
+                                                  tool_choice=choice, extra_body={"temperature": 1.0},
+                                                  extra_headers={"X-Session-Id": sid})]
 
         (m,) = await _until_tool_use(create)
         use = next(b for b in m.content if b.type == "tool_use")
@@ -279,7 +282,8 @@ def test_anthropic_tool_use_and_tool_result_async(serve_app, tok):
 
         async def stream():
             async with aclaude.messages.stream(model="m", max_tokens=350, messages=follow, tools=A_TOOLS,
-                                               tool_choice=choice, extra_headers={"X-Session-Id": sid}) as s:
+                                               tool_choice=choice, extra_body={"temperature": 1.0},
+                                               extra_headers={"X-Session-Id": sid}) as s:
                 kinds = [e.type async for e in s]
                 return kinds, await s.get_final_message()
 

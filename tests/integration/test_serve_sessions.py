@@ -135,14 +135,15 @@ def test_derived_session_ids_do_not_merge_clients(serve_app):
     marker = uuid.uuid4().hex
     msgs = [{"role": "user", "content": f"plan my day {marker}"}]
     url = serve_app["base_url"] + "/v1"
-    sids = []
+    sids, replies = [], []
     for key, agent in (("key-a", "agent/1"), ("key-b", "agent/1"), ("key-a", "agent/2")):
         c = openai.OpenAI(base_url=url, api_key=key, max_retries=0, default_headers={"User-Agent": agent})
         raw = c.chat.completions.with_raw_response.create(model="m", messages=msgs, max_tokens=3)
         sids.append(raw.headers["x-session-id"])
+        replies.append(raw.parse().choices[0].message.content or "")
     assert len(set(sids)) == 3 and all(s.startswith("derived-") for s in sids)
     c = openai.OpenAI(base_url=url, api_key="key-a", max_retries=0, default_headers={"User-Agent": "agent/1"})
-    follow = msgs + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "and tomorrow?"}]
+    follow = msgs + [{"role": "assistant", "content": replies[0]}, {"role": "user", "content": "and tomorrow?"}]
     raw = c.chat.completions.with_raw_response.create(model="m", messages=follow, max_tokens=3)
     assert raw.headers["x-session-id"] == sids[0]  # the same client's conversation continues
     first, second = _turns(Path(serve_app["config"].storage_path()), sids[0])

@@ -139,7 +139,8 @@ def test_colocated_mode_serves_the_same_routes_from_one_replica(serve_app, tmp_p
         r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
                                            extra_headers={"X-Session-Id": sid})
         text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"},
+            model="m", messages=[{"role": "user", "content": "hi"},  # the reply as the client got it (item 4)
+                                 {"role": "assistant", "content": r.choices[0].message.content or ""},
                                  {"role": "user", "content": "again"}],
             max_tokens=4, stream=True, extra_headers={"X-Session-Id": sid}) if c.choices)
         first, second = _turns(root, sid)

@@ -192,4 +192,5 @@ def test_replay_actor_restarts_without_losing_samples_or_leases(env) -> None:
             assert time.time() < deadline, "Replay did not come back"
             time.sleep(0.5)
     assert after["by_state"] == before["by_state"] and after["generation"] == gen
+    assert ray.get(replay.seal.remote(lease_id, [s.sample_id for s in leased]))[0]  # the lease survived
     assert ray.get(replay.commit.remote(lease_id)) == len(leased) == 4

@@ -16,15 +16,22 @@ FEEDBACK = "[Previous Feedback] You must create config.json.bak before modifying
 
 
 class RecordingReplay:
+    """Records the support sets and generations of the evolutions that changed S."""
+
     def __init__(self):
         self.support: list[list[str]] = []
         self.generations: list[int] = []
+        self._claims: dict[str, list[str]] = {}
 
-    async def mark_support(self, sample_ids):
-        self.support.append(list(sample_ids))
+    async def begin_evolution(self, sample_ids, ttl_s):
+        token = str(len(self._claims))
+        self._claims[token] = list(sample_ids)
+        return token, list(sample_ids)
 
-    async def set_generation(self, generation):
-        self.generations.append(generation)
+    async def end_evolution(self, token, generation, release_ids):
+        if generation is not None:
+            self.support.append(self._claims[token])
+            self.generations.append(generation)
 
 
 def turn_and_sample(sid: str, i: int, reward: float, feedback: str | None = None, last: bool = False,
@@ -104,6 +111,20 @@ async def test_evolve_now_and_evolver_errors_are_counted(tmp_path: Path):
     report = await loop.evolve_now("s1")
     assert report.error == "model unreachable" and loop.stats()["evolutions_rejected"] == 1
     assert await loop.evolve_now() is None  # nothing left
+
+
+async def test_an_ended_session_keeps_its_failures_for_a_manual_evolution(tmp_path: Path):
+    """With no trigger fired, an ended session's failures wait for `evolve_now` (`clawray skills evolve
+    --now`, the demo's midday evolution) instead of being dropped at the session's end."""
+    loop, replay = make_loop(tmp_path, failure_rate_threshold=1.0, on_session_end=False)
+    t0, s0 = turn_and_sample("s1", 0, -1.0, FEEDBACK)
+    await loop.observe(t0, s0)
+    await loop.observe(*turn_and_sample("s1", 1, 1.0, last=True))
+    await loop.observe(*turn_and_sample("s2", 0, 1.0, last=True))  # nothing to learn: forgotten
+    assert loop.pending() == {"s1": 1}
+    report = await loop.evolve_now()
+    assert report is not None and report.trigger == "manual" and report.generation == 1
+    assert replay.support == [[s0.sample_id]] and loop.pending() == {}
 
 
 @pytest.mark.parametrize("content", [

@@ -3,8 +3,9 @@ import os
 import signal
 
 from core.contracts import Turn
+from serve.history import read_history
 from serve.sessions import SessionStore
-from serve.turns import RequestError, derive_session_id, extract_meta, next_state_of
+from serve.turns import RequestError, derive_session_id, extract_meta
 
 
 def _turn(sid, **kw):
@@ -13,10 +14,11 @@ def _turn(sid, **kw):
 
 def test_next_turn_completes_previous(tmp_path):
     s = SessionStore(tmp_path / "s.db")
-    (a,) = s.record([_turn("s1")], None)
+    first = [{"role": "user", "content": "q"}]
+    (a,) = s.record([_turn("s1", response_text="answer")], read_history(first))
     assert a.turn_index == 0 and s.claim(10, 60) == []  # pending until its next state arrives
     nxt = [{"role": "user", "content": "feedback"}]
-    (b,) = s.record([_turn("s1")], nxt)
+    (b,) = s.record([_turn("s1")], read_history(first + [{"role": "assistant", "content": "answer"}, *nxt]))
     assert b.turn_index == 1
     (done,) = s.claim(10, 60)
     assert done.turn_id == a.turn_id and done.next_state == nxt
@@ -101,11 +103,32 @@ def test_derived_ids_do_not_merge_clients_or_conversations():
     assert a != derive_session_id("t", "client-a", m2)  # another conversation
 
 
-def test_next_state_is_what_followed_the_last_assistant_message():
-    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
-            {"role": "tool", "content": "r"}, {"role": "user", "content": "f"}]
-    assert next_state_of(msgs) == msgs[2:]
-    assert next_state_of(msgs[:1]) is None
+def test_history_keys_an_exchange_by_what_it_answered_and_its_reply():
+    msgs = [{"role": "system", "content": "skills here"}, {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a"}, {"role": "tool", "content": "r"}, {"role": "user", "content": "f"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "1", "function": {"name": "ls", "arguments": '{"b": 1, "a": 2}'}}]}]
+    turn_q = read_history(msgs[:2])
+    h = read_history(msgs)
+    assert h.continuations == {turn_q.turn_key("a", []): msgs[3:5]}  # the last assistant: nothing followed
+    assert turn_q.turn_key(" a\n", []) == turn_q.turn_key("a", [])  # whitespace never matters
+    assert turn_q.turn_key("b", []) not in h.continuations  # another reply to the same question
+    after_f = read_history(msgs[:5])
+    # a reply that made tool calls is its calls (name + canonical arguments), whatever text came with them
+    call = {"id": "x", "function": {"name": "ls", "arguments": '{"a":2,"b":1}'}}
+    follow = read_history(msgs + [{"role": "tool", "content": "files"}])
+    assert follow.continuations[after_f.turn_key("<tool_call>...</tool_call>", [call])] == [
+        {"role": "tool", "content": "files"}]
+    retry = read_history([{"role": "system", "content": "other skills"}, *msgs[1:]])
+    assert retry.request_key == h.request_key  # the system message (skill injection) is not the conversation
+    assert read_history(msgs[:4]).request_key != h.request_key
+
+
+def test_history_never_raises_on_odd_messages():
+    odd = [{"role": "assistant", "content": 3, "tool_calls": "nope"}, {"role": "user", "content": [1, {"x": 2}]},
+           {"role": "assistant", "tool_calls": [{"function": "ls"}, 7]}, {"role": None}]
+    h = read_history(odd)
+    assert len(h.continuations) == 2 and h.request_key
 
 
 def test_claim_leases_a_whole_batch_in_order(tmp_path):
@@ -152,6 +175,38 @@ def test_a_file_from_before_the_next_state_columns_still_reads_and_completes(tmp
     s = SessionStore(path)
     (old,) = s.claim(10, 60)
     assert old.turn_id == done.turn_id and old.next_state == [{"role": "user", "content": "old feedback"}]
-    s.record([_turn("s2")], [{"role": "user", "content": "new"}])
-    completed = [t for t in s.turns(state="completed") if t.turn_id == pending.turn_id]
-    assert completed[0].next_state == [{"role": "user", "content": "new"}]
+    # A pending row from before the exchange keys matches no request: it waits for the idle flush.
+    s.record([_turn("s2")], read_history([{"role": "user", "content": "new"}]))
+    assert s.flush_idle(idle_s=0) == 2
+    flushed = [t for t in s.turns(state="completed") if t.turn_id == pending.turn_id]
+    assert flushed[0].idle_flushed and flushed[0].next_state is None
+
+
+async def test_an_idle_flush_is_not_a_session_end_for_evolution(tmp_path):
+    """Issue 12 item 9: the idle timeout completes a quiet conversation's turn (`last_in_session`, for
+    scoring) but is kept apart from an ended session (`idle_flushed`): the Evolver's `session_end`
+    trigger fires only for the latter."""
+    from core.config import EvolverConfig, SkillsConfig
+    from core.contracts import Sample
+    from evolve.bank import SkillBank
+    from evolve.evolvers import FeedbackEvolver
+    from evolve.loop import EvolutionLoop
+
+    s = SessionStore(tmp_path / "s.db")
+    feedback = [{"role": "user", "content": "[Previous Feedback] You must create config.json.bak first."}]
+    for sid in ("quiet", "ended"):
+        s.record([_turn(sid, messages=[{"role": "user", "content": "edit config.json"}], next_state=feedback)])
+    assert s.flush_idle(idle_s=0) == 2  # the "ended" one is ended explicitly below
+    s.record([_turn("ended2", messages=[{"role": "user", "content": "edit config.json"}], next_state=feedback)])
+    assert s.end_session("ended2") == 1
+    quiet = next(t for t in s.turns("quiet"))
+    ended = next(t for t in s.turns("ended2"))
+    assert quiet.last_in_session and quiet.idle_flushed  # scoring still sees the last turn it will get
+    assert ended.last_in_session and not ended.idle_flushed
+
+    only_session_end = EvolverConfig(failure_rate_threshold=1.0)  # no other trigger can fire
+    loop = EvolutionLoop(SkillBank(tmp_path / "skills", SkillsConfig()), only_session_end, FeedbackEvolver())
+    assert await loop.observe(quiet, Sample.from_turn(quiet, reward=-1.0, trainable=True)) is None
+    assert loop.pending() == {"quiet": 1}  # kept: the conversation may resume
+    report = await loop.observe(ended, Sample.from_turn(ended, reward=-1.0, trainable=True))
+    assert report is not None and report.trigger == "session_end"

@@ -79,6 +79,7 @@ def test_commit_marks_trained_and_is_idempotent(store: ReplayStore) -> None:
     store.append(samples)
     lease_id, got = store.lease(3)
     assert len(got) == 3 and [s.sample_id for s in got] == [s.sample_id for s in samples[:3]]  # oldest first
+    assert store.seal(lease_id, [s.sample_id for s in got]) == (True, "sealed")
     assert store.commit(lease_id) == 3
     assert store.commit(lease_id) == 0
     _, rest = store.lease(10)
@@ -89,18 +90,22 @@ def test_commit_marks_trained_and_is_idempotent(store: ReplayStore) -> None:
 def test_expired_lease_is_redelivered_and_retired_if_generation_moved(store: ReplayStore) -> None:
     a, b = make_sample(gen=0), make_sample(gen=0)
     store.append([a])
-    lease_id, _ = store.lease(5, lease_s=0.01)
-    time.sleep(0.05)
+    lease_id, _ = store.lease(5, lease_s=-1)  # already expired
     lease2, again = store.lease(5)  # lease() first returns expired leases
     assert [s.sample_id for s in again] == [a.sample_id]
-    assert store.commit(lease_id) == 0  # the stale lease can no longer commit
+    assert store.seal(lease_id, [a.sample_id])[0] is False  # the stale lease can no longer seal ...
+    assert store.commit(lease_id) == 0  # ... nor commit
     store.append([b])
-    store.lease(5, lease_s=0.01)  # leases b
+    store.lease(5, lease_s=-1)  # leases b, already expired
     store.set_generation(1)
-    time.sleep(0.05)
     assert store.release_expired() == 1
     assert store.states([b.sample_id]) == {b.sample_id: "retired"}
-    assert store.commit(lease2) == 1
+    # Leased under generation 0, the bump came before the step's commit point: never trained (issue 12
+    # item 1; this test used to assert that the lease still committed as trained).
+    ok, why = store.seal(lease2, [a.sample_id])
+    assert not ok and "generation 0" in why
+    assert store.release(lease2) == 1 and store.commit(lease2) == 0
+    assert store.states([a.sample_id]) == {a.sample_id: "retired"}
 
 
 def test_release_owner_and_min_size(store: ReplayStore) -> None:
@@ -122,6 +127,56 @@ def test_support_samples_are_never_leased(store: ReplayStore) -> None:
     assert store.stats()["by_state"]["support"] == 2
 
 
+def test_dead_letters_list_requeue_drop_and_count(store: ReplayStore) -> None:
+    a, b, masked = make_sample(), make_sample(), make_sample(mask=[0, 0, 0])
+    store.append([a, b, masked])
+    lease_id, got = store.lease(5)
+    assert store.dead_letter([a.sample_id, masked.sample_id, "nope"], "empty response") == 2
+    assert store.dead_letter([a.sample_id], "still empty") == 1  # dead -> dead counts a second attempt
+    letters = store.dead_letters()
+    assert [(d["id"], d["error"], d["attempts"]) for d in letters] == [
+        (masked.sample_id, "empty response", 1), (a.sample_id, "still empty", 2)]
+    st = store.stats()
+    assert st["dead_letters"] == 2 and st["by_state"]["dead"] == 2
+    assert store.seal(lease_id, [s.sample_id for s in got])[0] is False  # a left the lease
+    assert store.seal(lease_id, [b.sample_id])[0] and store.commit(lease_id) == 1
+    assert store.requeue([a.sample_id, masked.sample_id, b.sample_id]) == 2  # b is not dead
+    assert store.states([a.sample_id, masked.sample_id]) == {a.sample_id: "fresh", masked.sample_id: "masked"}
+    store.dead_letter([a.sample_id], "again")
+    assert store.dead_letters()[0]["attempts"] == 3
+    assert store.drop([a.sample_id, b.sample_id]) == 1
+    assert store.states([a.sample_id]) == {} and store.dead_letters() == []
+
+
+def test_a_stored_row_that_no_longer_parses_is_dead_lettered_not_leased_forever(store: ReplayStore) -> None:
+    good, bad = make_sample(), make_sample()
+    store.append([bad, good])
+    store._db.execute("UPDATE samples SET payload = '{\"broken\": 1}' WHERE sample_id = ?", (bad.sample_id,))
+    _, got = store.lease(5)
+    assert [s.sample_id for s in got] == [good.sample_id]
+    assert store.states([bad.sample_id]) == {bad.sample_id: "dead"}
+    assert "does not parse" in store.dead_letters()[0]["error"]
+
+
+def test_a_buffer_from_before_groups_is_migrated(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE samples (seq INTEGER PRIMARY KEY AUTOINCREMENT, sample_id TEXT NOT NULL UNIQUE, "
+                "turn_id TEXT, state TEXT NOT NULL, generation INTEGER NOT NULL, created_at REAL NOT NULL, "
+                "updated_at REAL NOT NULL, lease_id TEXT, lease_expires REAL, payload TEXT NOT NULL)")
+    old = make_sample()
+    con.execute("INSERT INTO samples(sample_id, state, generation, created_at, updated_at, payload) "
+                "VALUES(?, 'fresh', 0, 0, 0, ?)", (old.sample_id, old.model_dump_json()))
+    con.commit()
+    con.close()
+    s = ReplayStore(path)
+    _, got = s.lease(5)
+    assert [x.sample_id for x in got] == [old.sample_id]
+    s.close()
+
+
 def test_lease_uses_the_state_index_not_a_scan(store: ReplayStore) -> None:
     store.append([make_sample(gen=g) for g in (0, 1, 1)])
     plan = store.explain_lease()
@@ -138,11 +193,11 @@ def test_oldest_fresh_age(store: ReplayStore) -> None:
 def test_survives_restart(tmp_path: Path) -> None:
     s = ReplayStore(tmp_path / "r.sqlite")
     s.append([make_sample(gen=3)])
-    lease_id, _ = s.lease(1)
+    lease_id, got = s.lease(1)
     s.close()
     s2 = ReplayStore(tmp_path / "r.sqlite")
     assert s2.generation == 3
-    assert s2.commit(lease_id) == 1
+    assert s2.seal(lease_id, [x.sample_id for x in got])[0] and s2.commit(lease_id) == 1
     s2.close()
 
 

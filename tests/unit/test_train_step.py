@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core.config import LoRAConfig, TrainConfig
-from core.contracts import Sample
+from core.contracts import Sample, Sampling
 from train.batch import collate
 from train.model import DDPBackend, build_peft_model
 from train.step import token_logprobs, train_step
@@ -55,6 +55,25 @@ def test_padded_batch_logprobs_equal_unpadded_per_sample(model_path: str) -> Non
             want = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(s.response_ids)[:, None])[:, 0]
             torch.testing.assert_close(got[i, : len(s.response_ids)], want, rtol=1e-4, atol=1e-4)
     assert batch.mask.sum().item() == 7 and batch.num_tokens == 15
+
+
+def test_padded_batch_logprobs_follow_each_rows_sampling(model_path: str) -> None:
+    """Rows sampled with different temperature/top-k/top-p keep their own processing in one padded batch."""
+    model = build_peft_model(model_path, cfg(), torch.device("cpu")).eval()
+    rows = [Sampling(temperature=0.7, top_p=0.95), Sampling(temperature=1.4, top_k=3000), Sampling()]
+    samples = [make([5, 6, 7, 8, 9], [10, 11]), make([12], [13, 14, 15, 16]), make([17, 18], [19])]
+    for s, sp in zip(samples, rows, strict=True):
+        s.sampling = sp
+    with torch.no_grad():
+        got = token_logprobs(model, collate(samples, [0.0, 0.0, 0.0]))
+        for i, s in enumerate(samples):
+            alone = token_logprobs(model, collate([s], [0.0]))[0]
+            torch.testing.assert_close(got[i, : len(s.response_ids)], alone, rtol=1e-4, atol=1e-4)
+            ids = torch.tensor([s.prompt_ids + s.response_ids])
+            logits = model(input_ids=ids).logits[0, len(s.prompt_ids) - 1 : -1].float()
+            raw = torch.log_softmax(logits, -1).gather(-1, torch.tensor(s.response_ids)[:, None])[:, 0]
+            differs = not torch.allclose(alone, raw, atol=1e-4)
+            assert differs == (s.sampling != Sampling()), (i, alone, raw)
 
 
 def _lora_after_one_step(model_path: str, samples, **kw) -> dict[str, torch.Tensor]:

@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 
 from core.config import REPO_ROOT
-from scripts.driver import run_tool, score_round
-from scripts.workload import Round, load_workload, replayable
+from harness.driver import run_tool, score_round
+from harness.workload import Round, load_workload, replayable
 
 SHARED = REPO_ROOT.parent / "shared" / "metaclaw-bench-small"
 

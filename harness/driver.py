@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.workload import Day, Round, Workload
 from rewards.checkers import CheckerSpecError, evaluate
 from rewards.checkers.choice import parse_choices
-from scripts.workload import Day, Round, Workload
 
 TOOLS = [
     {"type": "function", "function": {
