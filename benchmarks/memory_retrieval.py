@@ -1,0 +1,313 @@
+"""Memory retrieval latency at 100k units per scope, and ingestion throughput.
+
+    nice -n 10 python -m benchmarks.memory_retrieval [--units 100000] [--others 2x10000] [--queries 300]
+                                                     [--ingest-turns 200] [--quick]
+
+A SQLite memory store is filled with `--units` synthetic units in ONE workspace scope (the measured one)
+plus other users' scopes (`--others`), all encoded with the real all-MiniLM-L6-v2. Encoding 120k texts
+takes minutes on 2 cores, so the encoded corpus is cached under .cache/memory_bench/ (gitignored) and
+reruns only rebuild the store. Then:
+
+- retrieval: `MemorySearch.search` per query, end to end as the Proxy calls it (query encoding on a
+  helper thread overlapped with the FTS5 search, binary-prefiltered vector search, fetch with the scope
+  check, fusion), p50/p99; and each stage alone (encode, FTS, vectors, fetch+fuse) p50/p99; cold start
+  (the first search loads the scope's vectors); hit@6 of the unit each query was written for (quality),
+  for hybrid, full text only and vectors only; recall@10 of the prefilter against exact vector search.
+- paraphrases: 20 real facts planted among the synthetic units, asked with questions that share few or
+  no words with them ("which city am I based in?" for "The user lives in Toronto."): hit@6 end to end.
+- repeated query: an agent's tool-call steps resend the same user message (the query vector is cached).
+- ingestion: conversations of `--ingest-turns` turns through the offline extractor, MiniLM and
+  consolidation into the 100k scope; turns/s and units/s.
+- forgetting one of the other users (its units, FTS rows, vectors; the FTS index rewritten): seconds.
+
+Torch runs on one thread, as in the Ray workers that encode in production (Ray sets OMP_NUM_THREADS=1).
+Prints a table, writes benchmarks/out/memory_retrieval.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from core.config import MemoryConfig
+from evolve.embedding import SentenceEmbedder
+from memory.extract import OfflineExtractor
+from memory.index import ScopeVectors, binary_codes
+from memory.ingest import Ingestor
+from memory.retrieval import MemorySearch
+from memory.sqlite_store import SqliteMemoryStore
+from memory.store import InboxEntry, Plan, ScopeChanges
+from memory.units import Kind, Level, MemoryUnit, request_scopes
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "benchmarks" / "out" / "memory_retrieval.json"
+CACHE = ROOT / ".cache" / "memory_bench"
+ATTRS = ["editor", "shell", "timezone", "deploy target", "database", "test runner", "ci provider", "region",
+         "linter", "formatter", "package manager", "issue tracker", "release branch", "api version",
+         "monitoring tool", "message queue", "cache", "container runtime", "build tool", "code owner"]
+THINGS = ["migration", "release", "refactor", "rollout", "benchmark", "audit", "redesign", "cleanup"]
+STATES = ["blocked", "done", "in progress", "on hold", "deployed", "failing", "ready for review"]
+
+
+PARAPHRASES = [
+    ("The user's timezone is Europe/Paris.", "what time zone am I in?"),
+    ("The user prefers tabs over spaces.", "how should I indent my code?"),
+    ("The billing migration is blocked on the database team.", "why is the payments database work stuck?"),
+    ("The user's editor is vim.", "which text editor do I use?"),
+    ("The deploy target is eu-west-1.", "which AWS region do we ship to?"),
+    ("The user works at Acme Corp.", "where is my job?"),
+    ("The user has a cat named Miso.", "what's my pet called?"),
+    ("The user's favourite programming language is Rust.", "which language do I like most?"),
+    ("The release is scheduled for Friday.", "when do we launch?"),
+    ("The user is allergic to peanuts.", "is there any food I can't eat?"),
+    ("The user wants answers in French.", "what language should replies be in?"),
+    ("The test suite takes 20 minutes to run.", "how long do tests take?"),
+    ("The API rate limit is 100 requests per minute.", "how many calls per minute can we make to the service?"),
+    ("The user's manager is Dana.", "who is my boss?"),
+    ("The staging server is down for maintenance.", "is the preprod box available?"),
+    ("The user lives in Toronto.", "which city am I based in?"),
+    ("The user dislikes long explanations.", "how verbose should you be?"),
+    ("The frontend is written in React.", "what UI framework do we use?"),
+    ("The user's birthday is in March.", "when do I celebrate getting older?"),
+    ("The CI runs on GitHub Actions.", "where does continuous integration run?"),
+]
+
+
+def vocabulary(rng: np.random.Generator, n: int = 6000) -> list[str]:
+    syl = ["ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "ze", "qua", "bri", "dan", "fel", "gor", "hul",
+           "pex", "tor", "ul", "yan", "wic"]
+    words = {"".join(rng.choice(syl, size=rng.integers(2, 4))) for _ in range(n * 3)}
+    return sorted(words)[:n]
+
+
+def corpus(n: int, seed: int) -> tuple[list[tuple[str, str]], list[str]]:
+    """`n` (kind, content) units and, per unit, a query written for it (a question, not its text)."""
+    rng = np.random.default_rng(seed)
+    vocab = vocabulary(rng)
+    units, queries = [], []
+    for i in range(n):
+        proj, a, b = (str(w) for w in rng.choice(vocab, 3))
+        form = i % 4
+        if form == 0:
+            attr = ATTRS[int(rng.integers(len(ATTRS)))]
+            units.append(("semantic", f"The user's {attr} for the {proj} project is {a}."))
+            queries.append(f"which {attr} do we use on {proj}?")
+        elif form == 1:
+            units.append(("preference", f"The user prefers {a} over {b} when working on {proj}."))
+            queries.append(f"should I pick {a} or {b} for {proj}?")
+        elif form == 2:
+            thing, state = THINGS[int(rng.integers(len(THINGS)))], STATES[int(rng.integers(len(STATES)))]
+            units.append(("project_state", f"The {proj} {thing} is {state}; {a} is the next step."))
+            queries.append(f"how is the {thing} of {proj} going?")
+        else:
+            units.append(("episodic", f"On 2026-{1 + i % 12:02d}-{1 + i % 28:02d} the user asked about {a} "
+                                      f"in {proj} and about {b}."))
+            queries.append(f"what did I ask about {a} in {proj}?")
+    return units, queries
+
+
+def encoded(texts: list[str], embedder: SentenceEmbedder, name: str) -> np.ndarray:
+    """(N, 384) vectors of `texts`, from the cache when this exact corpus was encoded before."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    path = CACHE / f"{name}.npy"
+    if path.is_file():
+        vecs = np.load(path)
+        if vecs.shape[0] == len(texts):
+            return vecs
+    t0 = time.perf_counter()
+    vecs = embedder.encode(texts)
+    print(f"encoded {len(texts)} texts in {time.perf_counter() - t0:.0f} s (cached at {path})", flush=True)
+    np.save(path, vecs)
+    return vecs
+
+
+def fill(store: SqliteMemoryStore, units: list[tuple[str, str]], vecs: np.ndarray, user: str, ws: str,
+         now: float) -> tuple[list[str], float]:
+    """Write the units in transactions of 5000; returns their ids and units/s."""
+    ids, t0 = [], time.perf_counter()
+    for i in range(0, len(units), 5000):
+        plan = Plan()
+        for j in range(i, min(i + 5000, len(units))):
+            kind, content = units[j]
+            u = MemoryUnit(kind=Kind(kind), content=content, level=Level.workspace, user=user, workspace=ws,
+                           created_at=now - j, updated_at=now - j, confidence=0.8)
+            plan.inserts.append((u, vecs[j]))
+            ids.append(u.unit_id)
+        store.apply(plan, [])
+    return ids, len(units) / (time.perf_counter() - t0)
+
+
+def pct(xs: list[float]) -> dict[str, float]:
+    a = np.asarray(xs) * 1e3
+    return {"p50_ms": round(float(np.percentile(a, 50)), 3), "p99_ms": round(float(np.percentile(a, 99)), 3)}
+
+
+def measure(search: MemorySearch, queries: list[str], targets: list[str], user: str, ws: str) -> dict[str, Any]:
+    """End-to-end search and each stage on its own, plus hit@top_k of the target unit."""
+    scopes = request_scopes(user, ws, "bench-session")
+    keys = [s.key for s in scopes]
+    store, emb, index, cfg = search.store, search.embedder, search.index, search.cfg
+    t0 = time.perf_counter()
+    search.search(queries[0], scopes)
+    cold = time.perf_counter() - t0
+    total, enc, fts, vec, fetch, hits = [], [], [], [], [], {"hybrid": 0, "full_text": 0, "vectors": 0}
+    for q, target in zip(queries, targets, strict=True):
+        t = time.perf_counter()
+        res = search.search(q, scopes)
+        total.append(time.perf_counter() - t)
+        hits["hybrid"] += target in {u.unit_id for u, _ in res.hits}
+        t = time.perf_counter()
+        qv = emb.encode([q])[0]
+        enc.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        text_ids = store.full_text(keys, q, cfg.candidates, cfg.fts_max_df)
+        fts.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        vec_ids = [u for u, c in index.search(keys, qv, cfg.candidates) if c >= cfg.min_similarity]
+        vec.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        store.fetch(list(dict.fromkeys([*text_ids, *vec_ids])), scopes)
+        fetch.append(time.perf_counter() - t)
+        hits["full_text"] += target in text_ids[: cfg.top_k]
+        hits["vectors"] += target in vec_ids[: cfg.top_k]
+    n = len(queries)
+    return {"cold_first_search_s": round(cold, 2), "search": pct(total), "encode": pct(enc), "full_text": pct(fts),
+            "vectors": pct(vec), "fetch": pct(fetch), "hit_at_k": {k: round(v / n, 3) for k, v in hits.items()}}
+
+
+def paraphrases(store: SqliteMemoryStore, search: MemorySearch, embedder: SentenceEmbedder, user: str,
+                ws: str) -> dict[str, Any]:
+    """Plant PARAPHRASES' facts in the scope; hit@top_k of each question, end to end and per leg."""
+    facts = [f for f, _ in PARAPHRASES]
+    ids, _ = fill(store, [("semantic", f) for f in facts], embedder.encode(facts), user, ws, time.time())
+    scopes = request_scopes(user, ws, "bench-session")
+    keys, cfg = [s.key for s in scopes], search.cfg
+    hybrid = full_text = vectors = 0
+    for uid, (_, question) in zip(ids, PARAPHRASES, strict=True):
+        hybrid += uid in {u.unit_id for u, _ in search.search(question, scopes).hits}
+        full_text += uid in store.full_text(keys, question, cfg.candidates, cfg.fts_max_df)[: cfg.top_k]
+        q = embedder.encode([question])[0]
+        vectors += uid in [u for u, c in search.index.search(keys, q, cfg.top_k) if c >= cfg.min_similarity]
+    n = len(PARAPHRASES)
+    return {"hybrid": hybrid / n, "full_text": full_text / n, "vectors": vectors / n}
+
+
+def repeated(search: MemorySearch, query: str, user: str, ws: str, n: int = 50) -> dict[str, float]:
+    scopes = request_scopes(user, ws, "bench-session")
+    search.search(query, scopes)
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        search.search(query, scopes)
+        times.append(time.perf_counter() - t)
+    return pct(times)
+
+
+def prefilter_recall(vecs: np.ndarray, queries: np.ndarray, k: int = 10) -> float:
+    sv = ScopeVectors(vecs.shape[1])
+    sv.apply(ScopeChanges([(str(i), "semantic", v.astype("<f4").tobytes(), True) for i, v in enumerate(vecs)],
+                          [], 1, True))
+    got = []
+    for q in queries:
+        code = binary_codes(q[None])[0]
+        exact = {h[0] for h in sv.search(q, code, k, None, 10**9, 10, 256)}
+        approx = {h[0] for h in sv.search(q, code, k, None, 0, 10, 256)}
+        got.append(len(exact & approx) / k)
+    return round(float(np.mean(got)), 3)
+
+
+def ingestion(store: SqliteMemoryStore, embedder: SentenceEmbedder, turns: int, ws: str) -> dict[str, Any]:
+    """Conversations of 4 turns each, every turn stating a few facts, ingested into the big scope's user."""
+    rng = np.random.default_rng(7)
+    vocab = vocabulary(rng)
+    ing = Ingestor(store, MemoryConfig(), OfflineExtractor(), embedder)
+    t0, units = time.perf_counter(), 0
+    for c in range(max(1, turns // 4)):
+        session = f"ingest-{c}"
+        for i in range(4):
+            a, b, p = (str(w) for w in rng.choice(vocab, 3))
+            text = (f"My {ATTRS[(c + i) % len(ATTRS)]} is {a}. I prefer {b} for reviews. "
+                    f"The {p} migration is blocked. Can you help me with the {a} config?")
+            store.inbox_add(InboxEntry(f"{session}-{i}", session, "bench", ws, "user", i, time.time(), i == 3,
+                                       [text], "Sure."))
+        report = asyncio.run(ing.ingest(("bench", ws, session)))
+        units += report.inserted + report.merged
+    dt = time.perf_counter() - t0
+    n = max(1, turns // 4) * 4
+    return {"turns": n, "turns_per_s": round(n / dt, 1), "units_per_s": round(units / dt, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--units", type=int, default=100_000)
+    ap.add_argument("--others", default="2x10000", help="other users' scopes: COUNTxUNITS")
+    ap.add_argument("--queries", type=int, default=300)
+    ap.add_argument("--ingest-turns", type=int, default=200)
+    ap.add_argument("--quick", action="store_true", help="10k units, 100 queries, 40 ingested turns")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.units, args.others, args.queries, args.ingest_turns = 10_000, "1x2000", 100, 40
+    n_others, per_other = (int(x) for x in args.others.split("x"))
+    import torch
+
+    torch.set_num_threads(1)  # as in a Proxy replica or the Memory actor: Ray sets OMP_NUM_THREADS=1
+    embedder = SentenceEmbedder()
+    units, queries = corpus(args.units, seed=0)
+    vecs = encoded([c for _, c in units], embedder, f"main-{args.units}-s0")
+    now = time.time()
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        store = SqliteMemoryStore(Path(tmp) / "memory.db")
+        ids, write_rate = fill(store, units, vecs, "bench", "ws", now)
+        for o in range(n_others):
+            other, _ = corpus(per_other, seed=100 + o)
+            fill(store, other, encoded([c for _, c in other], embedder, f"other-{per_other}-s{100 + o}"),
+                 f"other-{o}", "ws", now)
+        rng = np.random.default_rng(3)
+        pick = rng.choice(args.units, size=args.queries, replace=False)
+        cfg = MemoryConfig()
+        search = MemorySearch(store, cfg, embedder)
+        result = measure(search, [queries[i] for i in pick], [ids[i] for i in pick], "bench", "ws")
+        qv = embedder.encode([queries[i] for i in pick[:100]])
+        result["prefilter_recall_at_10"] = prefilter_recall(vecs, qv)
+        result["repeated_query"] = repeated(search, queries[int(pick[0])], "bench", "ws")
+        result["paraphrase_hit_at_k"] = paraphrases(store, search, embedder, "bench", "ws")
+        result["ingestion"] = ingestion(store, embedder, args.ingest_turns, "ws")
+        if n_others:  # forgetting a user: delete + FTS optimize + WAL truncate, on the whole store
+            t = time.perf_counter()
+            result["forget_user_units"] = store.forget("other-0")
+            result["forget_user_s"] = round(time.perf_counter() - t, 2)
+        search.close()
+        db_mb = sum(p.stat().st_size for p in Path(tmp).iterdir()) / 2**20
+    result.update({"units_in_scope": args.units, "other_scopes": f"{n_others}x{per_other}",
+                   "store_write_units_per_s": round(write_rate, 1), "db_mb": round(db_mb, 1),
+                   "queries": args.queries, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                   "load_avg_at_end": round(os.getloadavg()[0], 2)})
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(result, indent=2))
+    table = Table(title=f"memory retrieval at {args.units:,} units in the scope (+ {args.others} other), "
+                        f"{args.queries} queries, load avg {result['load_avg_at_end']}")
+    for col in ("stage", "p50 ms", "p99 ms"):
+        table.add_column(col)
+    for stage in ("search", "encode", "full_text", "vectors", "fetch", "repeated_query"):
+        table.add_row(stage, f"{result[stage]['p50_ms']:.2f}", f"{result[stage]['p99_ms']:.2f}")
+    Console().print(table)
+    Console().print(f"hit@{cfg.top_k}: {result['hit_at_k']}; paraphrases {result['paraphrase_hit_at_k']}; prefilter recall@10 {result['prefilter_recall_at_10']}; "
+                    f"cold first search {result['cold_first_search_s']} s; ingestion {result['ingestion']}; "
+                    f"store writes {result['store_write_units_per_s']} units/s; db {result['db_mb']} MB; "
+                    f"forget a user of {result.get('forget_user_units')} units: {result.get('forget_user_s')} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

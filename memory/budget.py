@@ -1,0 +1,91 @@
+"""Token budgeting of the memory block (pure, given a token counter).
+
+The injected skills and memory share `memory.context_token_budget`; skills are injected first and
+memory gets what they left, and never more than the context has room for after the prompt and the
+reply. Units go in score order; one that does not fit is skipped and smaller ones after it may still
+go. The rendered block is counted whole at the end (a tokenizer's count of a joined text can differ
+from the sum of its parts), and shortened until it fits.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from memory.text import estimate_tokens
+from memory.units import MemoryUnit
+
+HEADER = ("## Memory\nWhat you remember from earlier conversations with this user (most relevant first; "
+          "it may be out of date):")
+MESSAGE_OVERHEAD_TOKENS = 8  # chat-template tokens around each message (role markers, separators)
+
+
+class TokenCounter(Protocol):
+    def count(self, text: str) -> int: ...
+
+
+class EstimatedCounter:
+    """No tokenizer (an upstream engine): the conservative estimate of `memory.text.estimate_tokens`."""
+
+    name = "estimate"
+
+    def count(self, text: str) -> int:
+        return estimate_tokens(text)
+
+
+class TokenizerCounter:
+    """The policy's own tokenizer (`tokenizer.json` of the served model), so counts are exact."""
+
+    name = "tokenizer"
+
+    def __init__(self, model_dir: str | Path):
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+        self._tok.no_padding()  # some tokenizer.json files pad or truncate to a fixed length
+        self._tok.no_truncation()
+
+    def count(self, text: str) -> int:
+        return len(self._tok.encode(text, add_special_tokens=False).ids)
+
+
+def make_counter(model_dir: str | None) -> TokenCounter:
+    """The exact counter when `model_dir` has a `tokenizer.json`, else the estimate."""
+    if model_dir and (Path(model_dir) / "tokenizer.json").is_file():
+        return TokenizerCounter(model_dir)
+    return EstimatedCounter()
+
+
+def line(unit: MemoryUnit) -> str:
+    day = time.strftime("%Y-%m-%d", time.gmtime(unit.updated_at))
+    return f"- ({unit.kind.value.replace('_', ' ')}, {day}) {unit.content}"
+
+
+def render(units: Sequence[MemoryUnit]) -> str:
+    """The block for the system prompt ("" when there is nothing to say)."""
+    return "\n".join([HEADER, *map(line, units)]) if units else ""
+
+
+def memory_budget(total: int, skill_tokens: int, context_room: int) -> int:
+    """Tokens left for memory: the shared budget minus the skills' share, capped by the context's room."""
+    return max(0, min(total - skill_tokens, context_room))
+
+
+def fit(units: Sequence[MemoryUnit], budget: int, counter: TokenCounter) -> tuple[list[MemoryUnit], int]:
+    """The units (in the given order) whose block fits `budget` tokens, and the block's token count."""
+    used = counter.count(HEADER) + 1
+    if used >= budget:
+        return [], 0
+    chosen = []
+    for u in units:
+        cost = counter.count(line(u)) + 1  # + the newline before it
+        if used + cost <= budget:
+            chosen.append(u)
+            used += cost
+    total = counter.count(render(chosen)) if chosen else 0
+    while total > budget:
+        chosen.pop()
+        total = counter.count(render(chosen)) if chosen else 0
+    return chosen, total
