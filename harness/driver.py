@@ -12,6 +12,7 @@ import asyncio
 import json
 import shutil
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -90,6 +91,12 @@ def score_round(r: Round, reply: str, ws_root: Path, user: str) -> tuple[float, 
     return float(res.score), bool(res.passed), r.feedback_text(bool(res.passed), answer)
 
 
+def request_seed(session: str, round_id: str, step: int) -> int:
+    """A fixed sampling seed per (session, round, tool step): a replay of the same workload samples the
+    same replies from the same prompts, so the demo's runs are reproducible on one machine."""
+    return zlib.crc32(f"{session}/{round_id}/{step}".encode()) & 0x7FFFFFFF
+
+
 async def play_day(client: Any, workload: Workload, day: Day, user: str, ws_root: Path, *, model: str,
                    max_tokens: int, history_rounds: int = 1, on_result: Callable | None = None,
                    run_tag: str = "") -> list[RoundResult]:
@@ -109,6 +116,7 @@ async def play_day(client: Any, workload: Workload, day: Day, user: str, ws_root
                 msgs = [system, *history[-(2 * history_rounds + 1 + 2 * step):]]
                 resp = await client.chat.completions.create(
                     model=model, messages=msgs, max_tokens=max_tokens, temperature=1.0,
+                    seed=request_seed(session, r.id, step),
                     tools=TOOLS if r.type == "file_check" else None,
                     extra_headers={**headers, **({"X-Session-Done": "true"} if last and step == MAX_TOOL_STEPS else {})},
                     extra_body={"clawray_eval": spec})

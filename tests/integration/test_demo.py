@@ -1,7 +1,7 @@
-"""`make demo`'s job, shortened: the whole loop closes on this machine and the demo says so.
+"""`make demo`'s job: the whole loop closes on this machine and the demo says so.
 
-Runs `clawray demo` as a user would (a subprocess with its own local Ray cluster), on the first rounds of
-each day of the project's workload, and asserts every promised stage from the verdicts the demo writes.
+Runs `clawray demo` as a user would (a subprocess with its own local Ray cluster, its own storage root and
+port) and asserts every promised stage from the verdicts the demo writes.
 It runs first in the session (tests/conftest.py RUN_FIRST), before the suite's own cluster exists.
 """
 
@@ -35,10 +35,18 @@ def _current_cluster() -> str | None:
     return path.read_text() if path.exists() else None
 
 
-def test_shortened_demo_closes_the_loop_and_checks_every_stage(tmp_path):
+def _listening(address: str) -> bool:
+    host, _, port = address.strip().rpartition(":")
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex((host, int(port))) == 0
+
+
+def test_demo_closes_the_loop_and_checks_every_stage(tmp_path):
     before = _current_cluster()
     env = {**os.environ, "PYTHONPATH": str(REPO), "CLAWRAY__PROXY__PORT": str(_free_port())}
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "demo", "--rounds", "3", "--state", str(tmp_path)],
+    # The whole workload: rounds cost ~1 s each, and the morning must hold failures with feedback.
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "demo", "--state", str(tmp_path)],
                        cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
     out = r.stdout + r.stderr
     verdicts = json.loads((tmp_path / "demo-stages.json").read_text())["stages"]
@@ -47,5 +55,7 @@ def test_shortened_demo_closes_the_loop_and_checks_every_stage(tmp_path):
     assert not failed, out[-4000:]
     assert r.returncode == 0, out[-4000:]
     assert "every stage happened" in r.stdout
-    # The run left nothing behind that breaks the next command (`serve run` joins Ray's current cluster).
-    assert _current_cluster() == before
+    # The run left nothing behind that breaks the next command (`serve run` joins Ray's current cluster):
+    # no record of a cluster that is gone (another, live cluster's record may come and go meanwhile).
+    record = _current_cluster()
+    assert record is None or record == before or _listening(record), f"stale Ray cluster record {record}"

@@ -90,6 +90,26 @@ def test_a_user_id_with_a_slash_is_refused(serve_app):
     assert r.status_code == 400 and "X-User-Id" in r.json()["error"]["message"]
 
 
+def test_the_admin_memory_routes(serve_app, remembered):
+    base, alice, unit = serve_app["base_url"], remembered["alice"], remembered["unit"]
+    r = httpx.get(f"{base}/admin/memory/units/{unit['unit_id']}", headers=ADMIN_HEADERS, timeout=30)
+    assert r.status_code == 200 and r.json()["unit"]["content"] == unit["content"]
+    r = httpx.post(f"{base}/admin/memory/search", headers=ADMIN_HEADERS, timeout=60,
+                   json={"query": "Where do we deploy to?", "user": alice, "workspace": "proj"})
+    assert r.status_code == 200 and unit["unit_id"] in [u["unit_id"] for u in r.json()]
+    r = httpx.post(f"{base}/admin/memory/search", headers=ADMIN_HEADERS, timeout=60,
+                   json={"query": "Where do we deploy to?", "user": f"mallory-{remembered['tag']}", "workspace": "proj"})
+    assert r.status_code == 200 and r.json() == []
+    r = httpx.get(f"{base}/admin/memory/export", params={"user": alice}, headers=ADMIN_HEADERS, timeout=30)
+    assert r.status_code == 200 and unit["unit_id"] in r.text and r.text.endswith("\n")
+    r = httpx.get(f"{base}/admin/memory/stats", headers=ADMIN_HEADERS, timeout=30)
+    assert r.status_code == 200 and r.json()["units"] >= 1
+    r = httpx.get(f"{base}/admin/memory/units", params={"session": "x"}, headers=ADMIN_HEADERS, timeout=30)
+    assert r.status_code == 400 and "workspace" in r.json()["error"]["message"]
+    r = httpx.delete(f"{base}/admin/memory/units/nope", headers=ADMIN_HEADERS, timeout=30)
+    assert r.status_code == 404
+
+
 def test_forgetting_removes_the_fact_from_retrieval_at_once(serve_app, openai_client, remembered):
     """The user sees their memory; the operator forgets the workspace and the very next request of that
     user gets nothing from it; the user then forgets themself through their own route."""
