@@ -160,8 +160,8 @@ def test_stop_and_token_limits(openai_client, serve_app):
     sid = _sid()
     msgs = [{"role": "user", "content": "Say something"}]
 
-    def ask(**kw):
-        return openai_client.chat.completions.create(model="m", messages=msgs,
+    def ask(**kw):  # temperature 1: at the tiny model's default (0.1) it writes newlines, never a stop char
+        return openai_client.chat.completions.create(model="m", messages=msgs, temperature=1.0,
                                                      extra_headers={"X-Session-Id": sid}, **kw)
 
     r = ask(stop=["e", "a", " "], max_tokens=40)
