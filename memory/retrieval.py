@@ -73,7 +73,8 @@ class MemorySearch:
         now = time.time() if now is None else now
         query = query[: self.cfg.query_max_chars]
         keys = [s.key for s in scopes]
-        present = [k for k in keys if k in self.store.scope_versions(keys)]
+        versions = self.store.scope_versions(keys)  # one query, not one per scope
+        present = [k for k in keys if k in versions]
         if not present or not query.strip() or self.cfg.top_k == 0:
             return SearchResult([], 0, 0, time.perf_counter() - t0)
         cached = self._cached(query)
