@@ -256,6 +256,44 @@ class MemoryConfig(Section):
         return self
 
 
+class StateConfig(Section):
+    """Where records and coordination live (core/state.py, docs/cluster.md). Unset `dsn` = the embedded
+    default: SQLite files under the storage root (one host, local disk)."""
+
+    dsn: str | None = None  # postgresql://user@host:5432/db (no password here: `password_env` names it)
+    password_env: str | None = None  # env var holding the password (libpq's PGPASSWORD also works)
+    namespace: str = Field(default="clawray", pattern=r"^[a-z_][a-z0-9_]{0,40}$")  # schema prefix
+    pool_size: int = Field(default=4, ge=1, le=64)  # connections per store and process
+
+    @field_validator("dsn")
+    @classmethod
+    def _postgres(cls, v: str | None) -> str | None:
+        if not v:
+            return None
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(v)
+        if parts.scheme not in ("postgresql", "postgres"):
+            raise ValueError("state.dsn must be a postgresql:// URI (unset it for the embedded SQLite state)")
+        if parts.password:
+            raise ValueError("state.dsn must not contain a password: put it in the env var that "
+                             "state.password_env names (or PGPASSWORD)")
+        return v
+
+    def connection_string(self) -> str:
+        """The DSN with the password from `password_env` (never logged; core.db.redact_dsn for messages)."""
+        if not self.dsn:
+            raise ConfigError("state.dsn is not set")
+        if self.password_env:
+            password = os.environ.get(self.password_env)
+            if password is None:
+                raise ConfigError(f"state.password_env names {self.password_env}, which is not set")
+            from psycopg.conninfo import make_conninfo
+
+            return make_conninfo(self.dsn, password=password)
+        return self.dsn
+
+
 class RayConfig(Section):
     address: str | None = None  # None = start a local cluster
     namespace: str = "clawray"
@@ -278,6 +316,7 @@ class ClawrayConfig(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    state: StateConfig = Field(default_factory=StateConfig)
 
     @model_validator(mode="after")
     def _lora_fits_engine(self) -> ClawrayConfig:

@@ -75,11 +75,11 @@ UNAVAILABLE = (RayActorError, BackPressureError, RayServeException)
 
 class ProxyImpl:
     def __init__(self, engine: Any, proxy: dict, skills: dict, storage_root: str,
-                 sink_actors: list[str] | None = None, memory: dict | None = None):
+                 sink_actors: list[str] | None = None, memory: dict | None = None, state: dict | None = None):
         self.engine = engine
         self.cfg = ProxyConfig.model_validate(proxy)
         layout = StorageLayout(Path(storage_root)).ensure()
-        self.store = SessionStore(layout.sessions / DB_FILE)
+        self.store = SessionStore(layout.sessions / DB_FILE, state, storage_root=layout.root)
         self.recorder = GroupCommit(self.store)
         sink = ActorPoolSink(sink_actors) if sink_actors else JsonlTurnSink(layout.sessions / "completed.jsonl")
         self.dispatcher = Dispatcher(self.store, sink, self.cfg.session_idle_timeout_s,

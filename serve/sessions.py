@@ -1,4 +1,5 @@
-"""Durable session store and turn outbox (SQLite, WAL) shared by every Proxy replica on a node.
+"""Durable session store and turn outbox shared by every Proxy replica: SQLite (WAL) on one host, or
+PostgreSQL when `state.dsn` is set (replicas on several hosts; core/db.py).
 
 A main turn is stored `pending` until its *next state* arrives or its conversation ends; then it is
 `completed`, i.e. in the outbox. Rules (serve/history.py says how requests are matched to turns):
@@ -18,19 +19,20 @@ A dispatcher claims completed turns with a lease, hands them to the scoring sink
 failed because of the turn itself `max_failures` times becomes a dead letter (`dead`, with its error):
 never re-sent automatically, listed, requeued or dropped by `clawray dlq`.
 
-NOTE: WAL with synchronous=NORMAL: a committed turn survives a process kill (kill -9), not a power cut.
+NOTE: SQLite runs WAL with synchronous=NORMAL: a committed turn survives a process kill (kill -9), not a
+power cut. PostgreSQL commits are durable when acknowledged (synchronous_commit=on, its default).
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from core.config import StateConfig
 from core.contracts import Turn
+from core.state import open_database
 from serve.history import History
 
 DB_FILE = "sessions.db"  # under the storage root's sessions/ folder
@@ -56,27 +58,28 @@ MAX_ERROR_CHARS = 2000
 
 
 class SessionStore:
-    """All methods are blocking and thread-safe; async callers use `asyncio.to_thread`."""
+    """All methods are blocking and thread-safe; async callers use `asyncio.to_thread`.
 
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
+    Backends (core/db.py): the SQLite file `path` (embedded default: Proxy replicas of one host share it)
+    or PostgreSQL when `state` has a dsn (replicas on several hosts). On PostgreSQL, recording takes an
+    advisory lock per session (two replicas recording turns of one session serialise; other sessions do
+    not wait) and claims use FOR UPDATE SKIP LOCKED (dispatchers on several hosts take disjoint turns)."""
+
+    def __init__(self, path: Path, state: StateConfig | dict | None = None, storage_root: Path | None = None):
         self.path = path
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
-        have = {row[1] for row in self._db.execute("PRAGMA table_info(turns)")}
-        for name, definition in ADDED_COLUMNS:
-            if name not in have:
-                self._db.execute(f"ALTER TABLE turns ADD COLUMN {name} {definition}")
-        self._lock = threading.Lock()
+        cfg = StateConfig.model_validate(state) if isinstance(state, dict) else state
+        self._db = open_database(cfg, path, "sessions", synchronous="NORMAL", storage_root=storage_root)
+        self._db.schema(SCHEMA, {"turns": ADDED_COLUMNS})
+
+    @property
+    def backend(self) -> str:
+        return self._db.describe()
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._db.close()
 
-    def _tx(self):
-        return _Tx(self._db, self._lock)
+    def _tx(self, *locks: str):
+        return self._db.tx(*locks)
 
     def record(self, turns: list[Turn], history: History | None = None) -> list[Turn]:
         """Store the main turn(s) of one request (n > 1 choices share a `group_id` and an index) and
@@ -87,7 +90,7 @@ class SessionStore:
         """`record` for several requests in ONE transaction (group commit), in order: two requests of
         the same session in one batch chain exactly as if recorded one after the other."""
         now = time.time()
-        with self._tx() as db:
+        with self._tx(*(turns[0].session_id for turns, _ in items)) as db:
             return [self._record(db, turns, history, now) for turns, history in items]
 
     def _record(self, db, turns: list[Turn], history: History | None, now: float) -> list[Turn]:
@@ -129,7 +132,7 @@ class SessionStore:
     def end_session(self, session_id: str) -> int:
         """Complete every pending turn of the session as ended (X-Session-Done without a new turn)."""
         now = time.time()
-        with self._tx() as db:
+        with self._tx(session_id) as db:
             db.execute("UPDATE sessions SET done=1, last_seen=? WHERE session_id=?", (now, session_id))
             ids = [r[0] for r in db.execute(
                 "SELECT turn_id FROM turns WHERE session_id=? AND state='pending'", (session_id,))]
@@ -152,7 +155,7 @@ class SessionStore:
         with self._tx() as db:
             rows = db.execute(
                 f"SELECT turn_id, {TURN_COLUMNS} FROM turns WHERE state='completed' AND claimed_until < ? "
-                "ORDER BY updated_at LIMIT ?",
+                "ORDER BY updated_at LIMIT ?" + self._db.skip_locked,
                 (now, limit),
             ).fetchall()
             if rows:
@@ -303,25 +306,3 @@ def _continue(db, pending: list[tuple], history: History | None, now: float) -> 
     siblings = [r[0] for r in left if r[1] in continued]
     _complete(db, siblings, None, now)
     return [r for r in left if r[1] not in continued]
-
-
-class _Tx:
-    """BEGIN IMMEDIATE ... COMMIT under the store's lock (one writer per process, WAL across them)."""
-
-    def __init__(self, db: sqlite3.Connection, lock: threading.Lock):
-        self.db, self.lock = db, lock
-
-    def __enter__(self) -> sqlite3.Connection:
-        self.lock.acquire()
-        try:
-            self.db.execute("BEGIN IMMEDIATE")
-        except BaseException:
-            self.lock.release()
-            raise
-        return self.db
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
-        finally:
-            self.lock.release()

@@ -54,6 +54,39 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
+def pg_dsn(tmp_path_factory) -> str:
+    """A real PostgreSQL server for the whole test session (tests isolate by `unique_namespace`)."""
+    from tests.servers import postgres
+
+    with postgres(tmp_path_factory.mktemp("pg")) as dsn:
+        yield dsn
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def state_cfg(request, tmp_path):
+    """Each backend of the state stores in turn: the same contract tests run against both. Yields a
+    `core.config.StateConfig` (PostgreSQL: a fresh namespace in the session's real server)."""
+    from core.config import StateConfig
+    from tests.servers import unique_namespace
+
+    if request.param == "sqlite":
+        yield StateConfig()
+    else:
+        yield StateConfig(dsn=request.getfixturevalue("pg_dsn"), namespace=unique_namespace())
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> str:
+    """A real S3-compatible HTTP server (moto_server) for the whole test session."""
+    from tests.servers import S3_ENV, s3_server
+
+    for k, v in S3_ENV.items():
+        os.environ.setdefault(k, v)
+    with s3_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def storage_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("storage")
 

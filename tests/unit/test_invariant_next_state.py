@@ -216,12 +216,12 @@ def test_a_sliding_window_of_the_conversation_still_completes_each_turn(proxy):
     assert t0.next_state == [user("u1")] and t1.next_state == [user("u2")]
 
 
-def test_a_request_and_its_retry_committed_in_one_batch_leave_one_turn(tmp_path):
+def test_a_request_and_its_retry_committed_in_one_batch_leave_one_turn(tmp_path, state_cfg):
     from core.contracts import Turn
     from serve.history import read_history
     from serve.sessions import SessionStore
 
-    store = SessionStore(tmp_path / "s.db")
+    store = SessionStore(tmp_path / "s.db", state_cfg)
     h = read_history([user("u1")], b"params")
 
     def turn(text):

@@ -25,8 +25,8 @@ class SlowSink:
         await asyncio.sleep(self.seconds)
 
 
-async def test_a_slow_sink_call_keeps_its_claim_and_a_dead_claimer_loses_it(tmp_path):
-    store = SessionStore(tmp_path / "s.db")
+async def test_a_slow_sink_call_keeps_its_claim_and_a_dead_claimer_loses_it(tmp_path, state_cfg):
+    store = SessionStore(tmp_path / "s.db", state_cfg)
     store.record([_turn("a")], None)
     sink = SlowSink(1.2)
     d = Dispatcher(store, sink, idle_s=3600, lease_s=0.45)

@@ -12,8 +12,8 @@ def _turn(sid, **kw):
     return Turn(session_id=sid, turn_index=0, prompt_ids=[1], response_ids=[2], response_logprobs=[-1.0], **kw)
 
 
-def test_next_turn_completes_previous(tmp_path):
-    s = SessionStore(tmp_path / "s.db")
+def test_next_turn_completes_previous(tmp_path, state_cfg):
+    s = SessionStore(tmp_path / "s.db", state_cfg)
     first = [{"role": "user", "content": "q"}]
     (a,) = s.record([_turn("s1", response_text="answer")], read_history(first))
     assert a.turn_index == 0 and s.claim(10, 60) == []  # pending until its next state arrives
@@ -28,8 +28,8 @@ def test_next_turn_completes_previous(tmp_path):
     assert last.turn_id == b.turn_id and last.last_in_session
 
 
-def test_claim_lease_redelivers_after_release(tmp_path):
-    s = SessionStore(tmp_path / "s.db")
+def test_claim_lease_redelivers_after_release(tmp_path, state_cfg):
+    s = SessionStore(tmp_path / "s.db", state_cfg)
     s.record([_turn("s", last_in_session=True)], None)
     (t,) = s.claim(10, 60)
     assert s.claim(10, 60) == []  # leased
@@ -37,32 +37,32 @@ def test_claim_lease_redelivers_after_release(tmp_path):
     assert [x.turn_id for x in s.claim(10, 60)] == [t.turn_id]
 
 
-def test_idle_sessions_are_flushed(tmp_path):
-    s = SessionStore(tmp_path / "s.db")
+def test_idle_sessions_are_flushed(tmp_path, state_cfg):
+    s = SessionStore(tmp_path / "s.db", state_cfg)
     s.record([_turn("s")], None)
     assert s.flush_idle(idle_s=0) == 1
     (t,) = s.claim(1, 60)
     assert t.last_in_session and t.next_state is None
 
 
-def _writer(path, n, ready):
-    s = SessionStore(path)
+def _writer(path, n, ready, state):
+    s = SessionStore(path, state)
     for i in range(n):
         s.record([_turn(f"k{i}", last_in_session=True)], None)
         ready.value = i + 1
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
-def test_acknowledged_turns_survive_kill(tmp_path):
+def test_acknowledged_turns_survive_kill(tmp_path, state_cfg):
     path = tmp_path / "s.db"
     ready = mp.Value("i", 0)
-    p = mp.get_context("fork").Process(target=_writer, args=(path, 20, ready))
+    p = mp.get_context("fork").Process(target=_writer, args=(path, 20, ready, state_cfg))
     p.start()
     while ready.value < 20 and p.is_alive():
         pass
     os.kill(p.pid, signal.SIGKILL)
     p.join()
-    assert len(SessionStore(path).claim(100, 60)) == 20
+    assert len(SessionStore(path, state_cfg).claim(100, 60)) == 20
 
 
 def test_meta_headers_win_and_fields_are_stripped():
@@ -131,8 +131,8 @@ def test_history_never_raises_on_odd_messages():
     assert len(h.continuations) == 2 and h.request_key
 
 
-def test_claim_leases_a_whole_batch_in_order(tmp_path):
-    s = SessionStore(tmp_path / "s.db")
+def test_claim_leases_a_whole_batch_in_order(tmp_path, state_cfg):
+    s = SessionStore(tmp_path / "s.db", state_cfg)
     ids = [s.record([_turn(f"b{i}", last_in_session=True)], None)[0].turn_id for i in range(5)]
     first = s.claim(3, 60)
     assert [t.turn_id for t in first] == ids[:3]
@@ -140,8 +140,8 @@ def test_claim_leases_a_whole_batch_in_order(tmp_path):
     assert s.claim(10, 60) == []
 
 
-def test_dispatched_turns_are_pruned_after_retention_and_pending_ones_never(tmp_path):
-    s = SessionStore(tmp_path / "s.db")
+def test_dispatched_turns_are_pruned_after_retention_and_pending_ones_never(tmp_path, state_cfg):
+    s = SessionStore(tmp_path / "s.db", state_cfg)
     s.record([_turn("old", last_in_session=True)], None)
     s.record([_turn("open")], None)  # pending: waits for its next state, must survive any pruning
     (t,) = s.claim(10, 60)
@@ -182,7 +182,7 @@ def test_a_file_from_before_the_next_state_columns_still_reads_and_completes(tmp
     assert flushed[0].idle_flushed and flushed[0].next_state is None
 
 
-async def test_an_idle_flush_is_not_a_session_end_for_evolution(tmp_path):
+async def test_an_idle_flush_is_not_a_session_end_for_evolution(tmp_path, state_cfg):
     """Issue 12 item 9: the idle timeout completes a quiet conversation's turn (`last_in_session`, for
     scoring) but is kept apart from an ended session (`idle_flushed`): the Evolver's `session_end`
     trigger fires only for the latter."""
@@ -192,7 +192,7 @@ async def test_an_idle_flush_is_not_a_session_end_for_evolution(tmp_path):
     from evolve.evolvers import FeedbackEvolver
     from evolve.loop import EvolutionLoop
 
-    s = SessionStore(tmp_path / "s.db")
+    s = SessionStore(tmp_path / "s.db", state_cfg)
     feedback = [{"role": "user", "content": "[Previous Feedback] You must create config.json.bak first."}]
     for sid in ("quiet", "ended"):
         s.record([_turn(sid, messages=[{"role": "user", "content": "edit config.json"}], next_state=feedback)])
