@@ -103,7 +103,7 @@ def _run(cfg, versions: int) -> dict[str, Any]:
     base = deploy_serving(cfg)
     client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
     client.chat.completions.create(model="m", max_tokens=2, messages=[{"role": "user", "content": "warm up"}])
-    store = SessionStore(cfg.storage_path() / "sessions" / "sessions.db")
+    store = SessionStore(cfg.storage_path() / "sessions" / "sessions.db", cfg.state)
     model = _peft_model(cfg.model_path(), cfg.train.lora)
     idle = [_one_swap(model, cfg, client, store, step) for step in range(1, versions + 1)]
     stop, errors = threading.Event(), []

@@ -245,7 +245,7 @@ def report(config: ConfigOpt = None, out: Annotated[Path | None, typer.Option()]
     from cluster.report import write_report
 
     cfg = _cfg(config)
-    path = write_report(cfg.storage_path(), out or cfg.storage_path() / "report.png")
+    path = write_report(cfg.storage_path(), out or cfg.storage_path() / "report.png", cfg.state)
     console.print(f"[green]report[/] {path}")
 
 
@@ -259,8 +259,9 @@ EVERY_DEAD_LETTER = 1_000_000  # `dead_letters(limit)` when ids are checked: dea
 
 @contextmanager
 def _dead_letter_stores(cfg: ClawrayConfig) -> Iterator[dict[str, Any]]:
-    """The storage root's two dead-letter stores, opened directly (SQLite; safe next to a running
-    system). A store whose file does not exist yet holds none and is not created."""
+    """The two dead-letter stores, opened directly through the config's `state` (safe next to a running
+    system: SQLite WAL, or PostgreSQL). An embedded store whose file does not exist yet holds none and is
+    not created."""
     from core.storage import StorageLayout
     from serve.sessions import DB_FILE as SESSIONS_DB
     from serve.sessions import SessionStore
@@ -268,12 +269,13 @@ def _dead_letter_stores(cfg: ClawrayConfig) -> Iterator[dict[str, Any]]:
     from train.replay_store import ReplayStore
 
     layout = StorageLayout(cfg.storage_path())
+    state, shared = cfg.state.model_dump(), bool(cfg.state.dsn)
     stores: dict[str, Any] = {}
     try:
-        if (layout.sessions / SESSIONS_DB).is_file():
-            stores["outbox"] = SessionStore(layout.sessions / SESSIONS_DB)
-        if (layout.replay / REPLAY_DB).is_file():
-            stores["replay"] = ReplayStore(layout.replay / REPLAY_DB)
+        if shared or (layout.sessions / SESSIONS_DB).is_file():
+            stores["outbox"] = SessionStore(layout.sessions / SESSIONS_DB, state)
+        if shared or (layout.replay / REPLAY_DB).is_file():
+            stores["replay"] = ReplayStore(layout.replay / REPLAY_DB, state=state)
         yield stores
     finally:
         for store in stores.values():
@@ -346,6 +348,15 @@ def _mount_memory() -> None:
 
 
 _mount_memory()
+
+
+def _mount_state() -> None:
+    from cluster.state_cli import state_app
+
+    app.add_typer(state_app, name="state")
+
+
+_mount_state()
 
 
 def main() -> None:

@@ -17,14 +17,19 @@ was going all end in a state from which the next window opens; OMLS never says U
 while nothing trains. A window that opens during a manual run waits for it, then gets a run of its own;
 closing a window stops only the window's run.
 
-One trainer at a time: every start takes the storage root's run lock (train/run_lock.py, through
-`TrainJob.start`), shared with `python -m train.job` in other processes. A start refused by it is
+One trainer at a time: every start takes the run lock (train/run_lock.py, through `TrainJob.start`;
+the storage root's, or with `state.dsn` the state database's), shared with `python -m train.job` in
+other processes and on other hosts. A start refused by it is
 answered "a training run is already running since …"; a window then waits until that run has ended.
 
-State (run counter, history of windows and runs, the current run) is persisted under
-`control/controller.json`. A restarted Controller finds the run it was driving in `current`: that run
-died with the old process (Ray Train's controller and workers are owned by it); a window run is resumed
-while its window is open, once `train.job` has seen its Ray Train actors gone.
+State (run counter, history of windows and runs, the current run) is persisted in the control store
+(core/kv.py, key `controller`: `<storage root>/control/control.db`, or PostgreSQL with `state.dsn`, so
+it outlives the node the Controller ran on). Every save is a compare-and-swap on the version this
+incarnation last read or wrote: a stale incarnation fails loudly instead of overwriting its successor's
+state. The `control/controller.json` file of older releases is adopted once. A restarted Controller
+finds the run it was driving in `current`: that run died with the old process (Ray Train's controller
+and workers are owned by it); a window run is resumed while its window is open, once `train.job` has
+seen its Ray Train actors gone.
 """
 
 from __future__ import annotations
@@ -37,23 +42,22 @@ from typing import Any
 
 import ray
 
-from core.config import ClawrayConfig
-from core.storage import StorageLayout, atomic_write_json, read_json
+from core.config import ClawrayConfig, StateConfig
+from core.kv import CONTROL_FILE, Conflict, adopt_json, control_store
+from core.storage import StorageLayout, read_json
 
 log = logging.getLogger("clawray.controller")
 NAME = "Controller"
 NAMESPACE = "clawray"
 HISTORY_MAX = 500
+STATE_KEY = "controller"  # in the control store
+LEGACY_FILE = "controller.json"  # under control/: where releases before the control store kept the state
 
 
 def training_bundles(cfg: ClawrayConfig) -> list[dict[str, float]]:
-    """One resource bundle per (max) training worker: what the autoscaler is asked for."""
-    workers = cfg.train.num_workers
-    n = workers if isinstance(workers, int) else workers[1]
-    bundle: dict[str, float] = {"CPU": cfg.train.cpus_per_worker}
-    if cfg.train.use_gpu:
-        bundle.update({"GPU": 1.0, "clawray_train": 1.0})
-    return [dict(bundle) for _ in range(n)]
+    """One resource bundle per (max) training worker: what the autoscaler is asked for, exactly what each
+    Ray Train worker asks for (`train.worker_bundle`), so the nodes it adds can take the workers."""
+    return [cfg.train.worker_bundle() for _ in range(cfg.train.max_workers())]
 
 
 # What `reconcile` asks for.
@@ -91,11 +95,15 @@ def reconcile(mode: str, omls_state: str, run: str | None, resume: bool) -> str 
 
 class ControllerActor:
     def __init__(self, cfg: dict[str, Any], poll_s: float | None = None):
+        from train.run_lock import run_lock_for
+
         self.cfg = ClawrayConfig.model_validate(cfg)
-        self.layout = StorageLayout(self.cfg.storage_path()).ensure()
-        self.path = self.layout.control / "controller.json"
+        self.layout = StorageLayout(self.cfg.storage_path(), blob_root=self.cfg.blob_root()).ensure()
+        self.store = control_store(self.layout.root, self.cfg.state)
+        self.run_lock = run_lock_for(self.layout, self.cfg.state)  # read for `status`; runs take their own
         self.poll_s = poll_s or self.cfg.scheduler.poll_s
-        saved = read_json(self.path, {}) or {}
+        got = adopt_json(self.store, STATE_KEY, self.layout.control / LEGACY_FILE)
+        self._version, saved = got or (0, {})  # the version this incarnation last read or wrote
         self.runs: int = saved.get("runs", 0)
         self.history: list[dict[str, Any]] = saved.get("history", [])
         self.job = None
@@ -122,8 +130,12 @@ class ControllerActor:
     # ---- persistence ------------------------------------------------------------------------------
 
     def _save(self) -> None:
-        atomic_write_json(self.path, {"runs": self.runs, "history": self.history[-HISTORY_MAX:],
-                                      "current": self.current})
+        doc = {"runs": self.runs, "history": self.history[-HISTORY_MAX:], "current": self.current}
+        try:
+            self._version = self.store.put(STATE_KEY, doc, self._version)
+        except Conflict:
+            log.error("a newer Controller incarnation owns the state; this one is stale and saves nothing")
+            raise
 
     def _event(self, kind: str, **data: Any) -> None:
         self.history.append({"event": kind, "at": time.time(), **data})
@@ -170,7 +182,7 @@ class ControllerActor:
                                            f"Controller {self.current['reason']} run {self.current['run']}"))
         job = TrainJob(self.cfg.train, model_path=self.cfg.model_path(), storage=self.layout,
                        run_name="grpo", max_steps=max_steps, lease_s=self.cfg.replay.lease_timeout_s,
-                       holder=f"Controller {reason} run {self.runs + 1}")
+                       holder=f"Controller {reason} run {self.runs + 1}", state=self.cfg.state)
         try:
             await asyncio.to_thread(job.start)
         except RunLockBusy:
@@ -312,10 +324,8 @@ class ControllerActor:
         return await self.status()
 
     async def status(self) -> dict[str, Any]:
-        from train.run_lock import run_lock_for
-
         job = await asyncio.to_thread(self.job.status) if self.job is not None else None
-        lock = await asyncio.to_thread(run_lock_for(self.layout).current)
+        lock = await asyncio.to_thread(self.run_lock.current)
         return {
             "mode": self.cfg.scheduler.mode,
             "running": self._running() is not None,
@@ -340,5 +350,18 @@ def start_controller(cfg: ClawrayConfig, *, detached: bool = False, poll_s: floa
     return handle
 
 
-def controller_state_path(storage_root: Path) -> Path:
-    return StorageLayout(storage_root).control / "controller.json"
+def read_controller_state(storage_root: Path, state: StateConfig | dict | None = None) -> dict[str, Any]:
+    """The Controller's persisted state (runs, history, current) for readers such as `cluster.report`:
+    the control store's, else an older release's `control/controller.json` (read, not adopted: only the
+    Controller moves it). An embedded store that does not exist yet is not created."""
+    cfg = StateConfig.model_validate(state) if isinstance(state, dict) else state
+    control = StorageLayout(Path(storage_root)).control
+    if (cfg is not None and cfg.dsn) or (control / CONTROL_FILE).exists():
+        store = control_store(storage_root, cfg)
+        try:
+            got = store.get(STATE_KEY)
+        finally:
+            store.close()
+        if got is not None:
+            return got[1]
+    return read_json(control / LEGACY_FILE, {}) or {}

@@ -7,6 +7,7 @@ clusters on the machine (what a plain `ray stop` would do).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -64,6 +65,10 @@ def start_head(cfg: ClawrayConfig, env: dict[str, str], timeout_s: float = 90) -
            "--disable-usage-stats", f"--include-dashboard={str(cfg.ray.include_dashboard).lower()}"]
     if cfg.ray.num_cpus:
         cmd.append(f"--num-cpus={cfg.ray.num_cpus}")
+    from cluster.runtime import local_custom_resources
+
+    if resources := local_custom_resources(cfg):  # the one node must offer what engine and trainer ask for
+        cmd.append(f"--resources={json.dumps(resources)}")
     log = _pointer(cfg).with_name("ray_head.log")
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:

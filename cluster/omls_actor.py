@@ -2,8 +2,11 @@
 
 It ticks on its own asyncio loop every `SchedulerConfig.poll_s`, takes activity reports from every
 Proxy replica, and queues the actions the Controller pulls with `pending_actions()`. Its state lives in
-`<storage root>/control/omls.json` (atomic writes), so a restarted actor (`max_restarts=-1`) resumes
-in the state it had, with the same pending actions and last activity time.
+the control store (core/kv.py, key `omls`: `<storage root>/control/control.db`, or PostgreSQL with
+`state.dsn`), so a restarted actor (`max_restarts=-1`), on any node, resumes in the state it had, with
+the same pending actions and last activity time. Every save is a compare-and-swap on the version this
+incarnation last read or wrote: an old incarnation still running after its restart fails loudly instead
+of overwriting its successor's state. The `control/omls.json` file of older releases is adopted once.
 """
 
 from __future__ import annotations
@@ -20,14 +23,17 @@ from ray.util import metrics
 from cluster.calendars import GoogleCalendarSignal, ICSCalendarSignal
 from cluster.omls import OMLS, STATE_CODES, Clock, State, Transition
 from cluster.signals import OSIdleSignal, ProxyInactivitySignal, Signal, SleepHoursSignal
-from core.config import SchedulerConfig
-from core.storage import StorageLayout, atomic_write_json, read_json
+from core.config import SchedulerConfig, StateConfig
+from core.kv import Conflict, adopt_json, control_store
+from core.metrics import hold
+from core.storage import StorageLayout
 
 logger = logging.getLogger(__name__)
 
 ACTOR_NAME = "OMLS"
 NAMESPACE = "clawray"
-STATE_FILE = "omls.json"
+STATE_KEY = "omls"  # in the control store
+LEGACY_FILE = "omls.json"  # under control/: where releases before the control store kept the state
 
 
 def utc_now() -> datetime:
@@ -81,15 +87,13 @@ class _Metrics:
             "clawray_omls_signal_idle", description="1 while the signal reports idle.", tag_keys=("signal",)
         )
         self.transitions = metrics.Counter(
-            "clawray_omls_transitions", description="OMLS state transitions.", tag_keys=("src", "dst")
+            "clawray_omls_transitions_total", description="OMLS state transitions.", tag_keys=("src", "dst")
         )
 
     def observe(self, machine: OMLS, transitions: list[Transition]) -> None:
-        self.state.set(STATE_CODES[machine.state])
+        hold(self.state, STATE_CODES[machine.state])  # held: poll_s may exceed Ray's gauge TTL
         for signal in machine.signals:
-            self.signal_idle.set(
-                1.0 if signal.name in machine.open_signals else 0.0, tags={"signal": signal.name}
-            )
+            hold(self.signal_idle, 1.0 if signal.name in machine.open_signals else 0.0, {"signal": signal.name})
         for t in transitions:
             self.transitions.inc(tags={"src": t.src.value, "dst": t.dst.value})
 
@@ -101,11 +105,15 @@ class OMLSActor:
         cfg: the scheduler section.
         storage_root: local or mounted path of the storage root.
         clock: returns an aware datetime; real UTC time by default.
+        state: the `state` section (dict or `StateConfig`): where the control store lives.
     """
 
-    def __init__(self, cfg: SchedulerConfig, storage_root: str, clock: Clock | None = None) -> None:
+    def __init__(self, cfg: SchedulerConfig, storage_root: str, clock: Clock | None = None,
+                 state: StateConfig | dict | None = None) -> None:
         self.cfg = cfg
-        self.path = StorageLayout(Path(storage_root)).control / STATE_FILE
+        self.store = control_store(storage_root, state)
+        self._version = 0  # of the stored state, as this incarnation last read or wrote it
+        self._legacy = StorageLayout(Path(storage_root)).control / LEGACY_FILE
         clock = clock or utc_now
         signals = build_signals(cfg, clock)
         self.machine = OMLS(signals, clock, cfg.min_window_minutes)
@@ -125,9 +133,10 @@ class OMLSActor:
     # ------------------------------------------------------------------ persistence
 
     def _load(self) -> None:
-        data = read_json(self.path)
-        if data is None:
+        got = adopt_json(self.store, STATE_KEY, self._legacy)
+        if got is None:
             return
+        self._version, data = got
         try:
             self.machine.load_dict(data["omls"])
             self.actions = list(data.get("pending_actions", []))
@@ -138,14 +147,18 @@ class OMLSActor:
                 self.inactivity.last_activity = datetime.fromisoformat(last)
         except (KeyError, TypeError, ValueError) as e:
             # A state file we cannot read must not keep the scheduler down: start fresh, loudly.
-            logger.error("OMLS: ignoring unreadable %s: %s", self.path, e)
+            logger.error("OMLS: ignoring unreadable state in %s: %s", self.store.db.describe(), e)
             return
-        logger.info("OMLS restored state %s from %s", self.machine.state.value, self.path)
+        logger.info("OMLS restored state %s from %s", self.machine.state.value, self.store.db.describe())
 
     def _save(self) -> None:
         last = self.inactivity.last_activity.isoformat() if self.inactivity else None
         doc = {"omls": self.machine.to_dict(), "pending_actions": self.actions, "last_activity": last}
-        atomic_write_json(self.path, doc)
+        try:
+            self._version = self.store.put(STATE_KEY, doc, self._version)
+        except Conflict:
+            logger.error("OMLS: a newer incarnation owns the state; this one is stale and saves nothing")
+            raise
         self._activity_dirty = False
 
     def _apply(self, transitions: list[Transition]) -> list[dict[str, Any]]:
@@ -231,10 +244,12 @@ def start_omls(
     name: str = ACTOR_NAME,
     detached: bool = False,
     clock: Clock | None = None,
+    state: StateConfig | dict | None = None,
 ) -> ray.actor.ActorHandle:
     """Create (or get, if it already runs) the named OMLS actor and wait until it answers.
 
     `detached=True` keeps it alive after the creating driver exits (what `clawray start` wants).
+    `state`: the config's `state` section (where its state is persisted; None: the embedded SQLite).
     """
     actor_cls = ray.remote(OMLSActor)
     handle = actor_cls.options(
@@ -242,9 +257,9 @@ def start_omls(
         namespace=NAMESPACE,
         get_if_exists=True,
         lifetime="detached" if detached else None,
-        max_restarts=-1,  # the state file makes a restart lossless
+        max_restarts=-1,  # the persisted state makes a restart lossless
         num_cpus=0,  # mostly sleeps; must not hold a CPU that training could use
-    ).remote(cfg, str(storage_root), clock)
+    ).remote(cfg, str(storage_root), clock, state)
     ray.get(handle.ready.remote())
     return handle
 

@@ -1,7 +1,8 @@
 """`clawray report`: one PNG of how the meta-model evolved — rewards, skill generations, windows, adapters.
 
-Reads the storage root directly (read-only): the replay database, the skill history, the controller's
-history and the adapter manifests, so it works with the system stopped.
+Reads the state directly (read-only), so it works with the system stopped: the replay database (the
+SQLite file under the storage root, or the PostgreSQL schema when `state.dsn` is set), the skill
+history, the controller's history and the adapter manifests.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from core.config import StateConfig
 from core.storage import StorageLayout, read_json
+
+REWARDS_SQL = "SELECT created_at, state, generation, payload FROM samples ORDER BY created_at"
 
 
 def _ts(v: Any) -> float | None:
@@ -26,21 +30,32 @@ def _ts(v: Any) -> float | None:
     return None
 
 
-def load_rewards(layout: StorageLayout) -> list[dict[str, Any]]:
+def load_rewards(layout: StorageLayout, state: StateConfig | dict | None = None) -> list[dict[str, Any]]:
+    cfg = StateConfig.model_validate(state) if isinstance(state, dict) else state
     db = layout.replay / "replay.sqlite"  # train.replay.DB_FILE (read-only here)
-    if not db.exists():
+    if cfg is not None and cfg.dsn:
+        from train.replay_schema import open_replay_db
+
+        pg = open_replay_db(db, cfg)
+        try:
+            with pg.tx() as c:
+                rows = c.execute(REWARDS_SQL).fetchall()
+        finally:
+            pg.close()
+    elif db.exists():
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            rows = con.execute(REWARDS_SQL).fetchall()
+        finally:
+            con.close()
+    else:
         return []
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        rows = con.execute("SELECT created_at, state, generation, payload FROM samples ORDER BY created_at")
-        out = []
-        for created, state, gen, payload in rows:
-            p = json.loads(payload)
-            out.append({"t": created, "state": state, "generation": gen, "reward": p.get("reward", 0.0),
-                        "adapter": p.get("adapter_version")})
-        return out
-    finally:
-        con.close()
+    out = []
+    for created, st, gen, payload in rows:
+        p = json.loads(payload)
+        out.append({"t": created, "state": st, "generation": gen, "reward": p.get("reward", 0.0),
+                    "adapter": p.get("adapter_version")})
+    return out
 
 
 def load_generations(layout: StorageLayout) -> list[tuple[float, int]]:
@@ -59,8 +74,11 @@ def load_generations(layout: StorageLayout) -> list[tuple[float, int]]:
     return sorted(pts)
 
 
-def load_windows(layout: StorageLayout) -> list[tuple[float, float | None, dict]]:
-    hist = (read_json(layout.control / "controller.json", {}) or {}).get("history", [])
+def load_windows(layout: StorageLayout,
+                 state: StateConfig | dict | None = None) -> list[tuple[float, float | None, dict]]:
+    from cluster.controller import read_controller_state
+
+    hist = read_controller_state(layout.root, state).get("history", [])
     spans, start = [], None
     for ev in hist:
         if ev["event"] == "run_started":
@@ -91,16 +109,17 @@ def rolling_mean(values: list[float], window: int = 8) -> list[float]:
     return out
 
 
-def write_report(storage_root: Path, out: Path) -> Path:
+def write_report(storage_root: Path, out: Path, state: StateConfig | dict | None = None) -> Path:
+    """The PNG at `out`; `state`: the config's `state` section (where the replay buffer lives)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     layout = StorageLayout(storage_root)
-    rewards = load_rewards(layout)
+    rewards = load_rewards(layout, state)
     gens = load_generations(layout)
-    windows = load_windows(layout)
+    windows = load_windows(layout, state)
     adapters = load_adapters(layout)
     times = [r["t"] for r in rewards] + [t for t, _ in gens] + [t for t, _ in adapters]
     t0 = min(times) if times else 0.0

@@ -23,6 +23,18 @@ def runtime_env_vars(cfg: ClawrayConfig) -> dict[str, str]:
     }
 
 
+def local_custom_resources(cfg: ClawrayConfig) -> dict[str, float]:
+    """The custom resources a one-machine cluster of our own offers: what the engine replicas
+    (`engine.resources`) and the most training workers (`train.worker_resources`) ask for together, so a
+    profile written for a cluster's node types (configs/gpu.yaml) also schedules on one machine."""
+    out: dict[str, float] = {}
+    for asks, times in ((cfg.engine.resources, cfg.engine.num_replicas),
+                        (cfg.train.worker_resources, cfg.train.max_workers())):
+        for name, amount in asks.items():
+            out[name] = out.get(name, 0.0) + amount * times
+    return out
+
+
 def start_ray(cfg: ClawrayConfig):
     """Join `ray.address` or start a local cluster (namespace `clawray`)."""
     import ray
@@ -34,6 +46,7 @@ def start_ray(cfg: ClawrayConfig):
             # "local": always a new cluster of our own, never an unrelated `ray start` on this machine.
             address=cfg.ray.address or "local",
             num_cpus=cfg.ray.num_cpus if cfg.ray.address is None else None,
+            resources=local_custom_resources(cfg) if cfg.ray.address is None else None,
             namespace=cfg.ray.namespace,
             include_dashboard=cfg.ray.include_dashboard,
             log_to_driver=False,
@@ -47,7 +60,8 @@ def deploy_serving(cfg: ClawrayConfig, sink_actors: list[str] | None = None, tim
     import httpx
     from ray import serve
 
-    serve.start(http_options={"host": cfg.proxy.host, "port": cfg.proxy.port})
+    serve.start(http_options={"host": cfg.proxy.host, "port": cfg.proxy.port},
+                proxy_location="HeadOnly" if cfg.proxy.ingress == "head_only" else "EveryNode")
     serve.run(build_app(cfg, sink_actors=sink_actors), name=APP_NAME, route_prefix="/",
               blocking=False)
     host = "127.0.0.1" if cfg.proxy.host in ("0.0.0.0", "::") else cfg.proxy.host

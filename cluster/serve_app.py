@@ -5,6 +5,9 @@ The engine deployment is `PolicyEngine` (vLLM in-process) for `engine.backend: v
 With `proxy.colocate: true` there is one deployment, `PolicyEngine`, serving the Proxy's routes with the
 engine in-process (serve/colocated.py).
 
+Placement: the engine's replicas (either layout) ask for `engine.num_gpus` GPUs plus the custom resources
+of `engine.resources` (configs/gpu.yaml: {clawray_serve: 1}, which only the serving node type offers).
+
 `serve run configs/serve.yaml` imports `cluster.serve_app:build` with `args: {config: ...}`.
 """
 
@@ -17,6 +20,7 @@ from core.config import ClawrayConfig, ConfigError, load_config
 from serve.http import is_loopback
 
 APP_NAME = "clawray"
+ENGINE_DEPLOYMENT = "PolicyEngine"  # the engine deployment (or the co-located one that stands in for it)
 
 
 def engine_env(cfg: ClawrayConfig) -> dict[str, str]:
@@ -64,6 +68,12 @@ def memory_args(cfg: ClawrayConfig) -> dict[str, Any] | None:
             "max_model_len": cfg.model.max_model_len}
 
 
+def placement(cfg: ClawrayConfig) -> dict[str, Any]:
+    """The engine replica's custom resources (`engine.resources`, e.g. {clawray_serve: 1}: serving nodes
+    only), as `ray_actor_options` entries; none by default (any node, one machine)."""
+    return {"resources": dict(cfg.engine.resources)} if cfg.engine.resources else {}
+
+
 def build_engine(cfg: ClawrayConfig):
     """The bound engine deployment for `cfg.engine.backend`."""
     storage = str(cfg.storage_path())
@@ -71,7 +81,8 @@ def build_engine(cfg: ClawrayConfig):
         from serve.upstream import UpstreamEngine
 
         return UpstreamEngine.options(
-            num_replicas=cfg.engine.num_replicas, ray_actor_options={"num_cpus": cfg.engine.num_cpus},
+            num_replicas=cfg.engine.num_replicas,
+            ray_actor_options={"num_cpus": cfg.engine.num_cpus, **placement(cfg)},
         ).bind(cfg.model.model_dump(), cfg.engine.model_dump())
     from serve.engine import PolicyEngine
 
@@ -81,16 +92,19 @@ def build_engine(cfg: ClawrayConfig):
             "num_cpus": cfg.engine.num_cpus,
             "num_gpus": cfg.engine.num_gpus,
             "runtime_env": {"env_vars": engine_env(cfg)},
+            **placement(cfg),
         },
-    ).bind(cfg.model_path(), cfg.model.model_dump(), cfg.engine.model_dump(), storage)
+    ).bind(cfg.model_path(), cfg.model.model_dump(), cfg.engine.model_dump(), storage, cfg.blob_root())
 
 
 def build_proxy(cfg: ClawrayConfig, engine: Any, sink_actors: list[str] | None = None):
     """The bound `Proxy` in front of `engine` (a bound deployment or a handle to a running one)."""
     from serve.proxy import PROXY_REPLICA_ENV, Proxy
 
+    spread = {} if cfg.proxy.max_replicas_per_node is None else {
+        "max_replicas_per_node": cfg.proxy.max_replicas_per_node}
     return Proxy.options(
-        num_replicas=cfg.proxy.num_replicas,
+        num_replicas=cfg.proxy.num_replicas, **spread,
         max_ongoing_requests=cfg.proxy.max_concurrent_requests,
         ray_actor_options={"num_cpus": cfg.proxy.num_cpus,
                            "runtime_env": {"env_vars": dict(PROXY_REPLICA_ENV)}},
@@ -109,13 +123,13 @@ def build_colocated(cfg: ClawrayConfig, sink_actors: list[str] | None = None):
         args: tuple = (cfg.model.model_dump(), cfg.engine.model_dump())
         env = dict(PROXY_REPLICA_ENV)
     else:
-        args = (cfg.model_path(), cfg.model.model_dump(), cfg.engine.model_dump(), storage)
+        args = (cfg.model_path(), cfg.model.model_dump(), cfg.engine.model_dump(), storage, cfg.blob_root())
         env = {**engine_env(cfg), **PROXY_REPLICA_ENV}
     return Colocated.options(
         num_replicas=cfg.engine.num_replicas,
         max_ongoing_requests=cfg.proxy.max_concurrent_requests,
         ray_actor_options={"num_cpus": cfg.engine.num_cpus + cfg.proxy.num_cpus,
-                           "num_gpus": cfg.engine.num_gpus, "runtime_env": {"env_vars": env}},
+                           "num_gpus": cfg.engine.num_gpus, "runtime_env": {"env_vars": env}, **placement(cfg)},
     ).bind(cfg.engine.backend, args, cfg.proxy.model_dump(), cfg.skills.model_dump(), storage, sink_actors,
            memory_args(cfg), cfg.state.model_dump())
 

@@ -49,8 +49,8 @@ def start_system(cfg: ClawrayConfig, *, detached: bool = False, serve_app: bool 
     step("starting Ray")
     start_ray(cfg)
     handles: dict[str, Any] = {}
-    step("Replay actor (SQLite replay buffer)")
-    handles["Replay"] = get_or_create_replay(cfg.replay, layout, detached=detached)
+    step("Replay actor (replay buffer)")
+    handles["Replay"] = get_or_create_replay(cfg.replay, layout, detached=detached, state=cfg.state.model_dump())
     ray.get(handles["Replay"].stats.remote())
     step("Evolver actor (skill library)")
     handles["Evolver"] = get_or_create_evolver(layout.skills, cfg.skills, cfg.evolver, detached=detached)
@@ -68,7 +68,7 @@ def start_system(cfg: ClawrayConfig, *, detached: bool = False, serve_app: bool 
     workspaces = cfg.rewards.workspace_root or str(layout.root / "workspaces")
     prms = start_prm_pool(cfg.rewards, functools.partial(ReplayActorSink), detached=detached,
                           tokenizer_path=cfg.model_path(), workspace_root=workspaces,
-                          judge_max_tokens=cfg.rewards.judge_max_tokens,
+                          judge_max_tokens=cfg.rewards.judge_max_tokens, engine_judge=engine_judge(cfg),
                           observer_names=(MEMORY_NAME,) if cfg.memory.enabled else ())
     handles.update({prm_name(i): h for i, h in enumerate(prms)})
     base_url = ""
@@ -77,10 +77,20 @@ def start_system(cfg: ClawrayConfig, *, detached: bool = False, serve_app: bool 
         base_url = deploy_serving(cfg, sink_actors=[prm_name(i) for i in range(len(prms))])
     # The control plane last: an inactivity window must not open while vLLM is still starting.
     step("OMLS scheduler")
-    handles["OMLS"] = start_omls(cfg.scheduler, layout.root, detached=detached)
+    handles["OMLS"] = start_omls(cfg.scheduler, layout.root, detached=detached, state=cfg.state.model_dump())
     step(f"Controller (mode {cfg.scheduler.mode})")
     handles["Controller"] = start_controller(cfg, detached=detached)
     return System(cfg, base_url, handles)
+
+
+def engine_judge(cfg: ClawrayConfig) -> dict[str, str] | None:
+    """Where PRM judge votes go when the served base model judges (`rewards.judge_source` resolves to
+    `engine`): the engine deployment of the app, by name, and the base model's served name."""
+    if cfg.rewards.resolved_judge_source() != "engine":
+        return None
+    from cluster.serve_app import APP_NAME, ENGINE_DEPLOYMENT
+
+    return {"deployment": ENGINE_DEPLOYMENT, "app": APP_NAME, "model": cfg.model.served_name}
 
 
 def start_memory(cfg: ClawrayConfig, layout: StorageLayout, *, detached: bool = False):
@@ -92,7 +102,7 @@ def start_memory(cfg: ClawrayConfig, layout: StorageLayout, *, detached: bool = 
     model = cfg.memory.embedding_model
     factory = functools.partial(SentenceEmbedder, model) if model else None
     handle = get_or_create_memory(str(layout.memory), cfg.memory, factory, name=MEMORY_NAME,
-                                  namespace=cfg.ray.namespace, detached=detached)
+                                  namespace=cfg.ray.namespace, detached=detached, state=cfg.state.model_dump())
     ray.get(handle.ready.remote())
     return handle
 

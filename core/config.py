@@ -17,6 +17,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from core.storage import remote_scheme
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "CLAWRAY__"
 
@@ -27,6 +29,16 @@ class ConfigError(ValueError):
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def custom_resources(v: dict[str, float], cpu_gpu: str) -> dict[str, float]:
+    """Validate a placement dict of Ray custom resources (e.g. {clawray_serve: 1}). CPU and GPU have their
+    own fields (`cpu_gpu` names them): Ray refuses them inside an actor's `resources`."""
+    if reserved := sorted(set(v) & {"CPU", "GPU", "memory", "object_store_memory"}):
+        raise ValueError(f"custom resources only, got {reserved}: set CPU/GPU with {cpu_gpu}")
+    if bad := sorted(k for k, n in v.items() if n <= 0):
+        raise ValueError(f"resource amounts must be > 0: {bad}")
+    return v
 
 
 class LLMEndpoint(Section):
@@ -75,7 +87,14 @@ class EngineConfig(Section):
     num_replicas: int = Field(default=1, ge=1)
     num_cpus: float = Field(default=1.0, gt=0)
     num_gpus: float = Field(default=0.0, ge=0)
+    # Custom resources each engine replica asks for (e.g. {clawray_serve: 1}: only serving nodes offer it).
+    resources: dict[str, float] = Field(default_factory=dict)
     upstream: LLMEndpoint | None = None  # required when backend == "upstream"
+
+    @field_validator("resources")
+    @classmethod
+    def _resources(cls, v: dict[str, float]) -> dict[str, float]:
+        return custom_resources(v, "engine.num_cpus / engine.num_gpus")
 
     @model_validator(mode="after")
     def _disk_retention(self) -> EngineConfig:
@@ -107,6 +126,12 @@ class ProxyConfig(Section):
     max_concurrent_requests: int = Field(default=256, ge=1)
     # Proxy logic in the engine's replica (no deployment-handle hop; see docs/serving.md "Co-located").
     colocate: bool = False
+    # Spread Proxy replicas over hosts (Serve's max_replicas_per_node; None = Serve's packing). Several
+    # hosts share the session store only through PostgreSQL (`state.dsn`).
+    max_replicas_per_node: int | None = Field(default=None, ge=1)
+    # Where Serve runs its HTTP ingress: on every node with a replica (a load balancer in front), or only
+    # on the head (one address; also what several Ray nodes on one machine need: one port per host).
+    ingress: Literal["every_node", "head_only"] = "every_node"
 
 
 class SkillsConfig(Section):
@@ -136,7 +161,11 @@ class EvolverConfig(Section):
 
 
 class RewardsConfig(Section):
-    judge: LLMEndpoint | None = None  # None = programmatic checkers only
+    judge: LLMEndpoint | None = None  # an external judge (OpenAI-compatible endpoint)
+    # Where judge votes come from: `external` = `judge`; `engine` = the served base model through the local
+    # engine deployment (rewards/engine_judge.py); `none` = the programmatic checkers only; `auto` = external
+    # when `judge` is set, else none when checkers are configured, else engine.
+    judge_source: Literal["auto", "external", "engine", "none"] = "auto"
     votes: int = Field(default=3, ge=1, le=15)
     temperature: float = Field(default=0.6, ge=0, le=2)
     use_next_state: bool = True
@@ -149,6 +178,19 @@ class RewardsConfig(Section):
     at_least_one_trainable_per_session: bool = True
     retry_interval_s: float = Field(default=5.0, gt=0)
     teacher: LLMEndpoint | None = None  # OPD; same tokenizer required
+
+    @model_validator(mode="after")
+    def _judge(self) -> RewardsConfig:
+        if self.judge_source == "external" and self.judge is None:
+            raise ValueError("rewards.judge_source is 'external' but rewards.judge is not set")
+        return self
+
+    def resolved_judge_source(self) -> Literal["external", "engine", "none"]:
+        if self.judge_source != "auto":
+            return self.judge_source
+        if self.judge is not None:
+            return "external"
+        return "none" if self.checkers else "engine"
 
 
 class ReplayConfig(Section):
@@ -180,6 +222,9 @@ class TrainConfig(Section):
     min_fresh_samples: int = Field(default=8, ge=1)
     max_steps_per_window: int = Field(default=4, ge=1)
     seed: int = 0
+    # Custom resources each training worker asks for (e.g. {clawray_train: 1}: only training nodes offer
+    # it); the Controller's autoscaler request asks for the same bundles (`worker_bundle`).
+    worker_resources: dict[str, float] = Field(default_factory=dict)
 
     @field_validator("num_workers")
     @classmethod
@@ -188,6 +233,21 @@ class TrainConfig(Section):
         if lo < 1 or hi < lo:
             raise ValueError("num_workers must be >= 1, or (min, max) with 1 <= min <= max")
         return v
+
+    @field_validator("worker_resources")
+    @classmethod
+    def _worker_resources(cls, v: dict[str, float]) -> dict[str, float]:
+        return custom_resources(v, "train.cpus_per_worker / train.use_gpu")
+
+    def max_workers(self) -> int:
+        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[1]
+
+    def worker_bundle(self) -> dict[str, float]:
+        """What one training worker asks Ray for: Ray Train's `resources_per_worker` and, once per worker,
+        the bundle the Controller asks the autoscaler for (the two must match, or the new nodes cannot
+        take the workers)."""
+        gpu = {"GPU": 1.0} if self.use_gpu else {}
+        return {"CPU": self.cpus_per_worker, **gpu, **self.worker_resources}
 
 
 class SchedulerConfig(Section):
@@ -303,7 +363,9 @@ class RayConfig(Section):
 
 
 class ClawrayConfig(Section):
-    storage_root: str = "state/local"  # relative paths are relative to the repo root
+    # A local folder (relative = to the repo root), or object storage `s3://bucket/prefix` / `gs://...`
+    # for adapters and checkpoints (needs `state.dsn`; endpoint and credentials from the standard env).
+    storage_root: str = "state/local"
     cache_dir: str = ".cache"  # tiny model, compile caches
     ray: RayConfig = Field(default_factory=RayConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -319,6 +381,18 @@ class ClawrayConfig(Section):
     state: StateConfig = Field(default_factory=StateConfig)
 
     @model_validator(mode="after")
+    def _reward_source(self) -> ClawrayConfig:
+        # Without a judge or checkers every turn scores 0, every sample is masked, and training never runs:
+        # a learning profile must have a reward source.
+        if self.scheduler.mode != "skills_only" and self.rewards.resolved_judge_source() == "none" \
+                and not self.rewards.checkers:
+            raise ValueError(
+                f"scheduler.mode {self.scheduler.mode!r} trains on rewards, but no reward source is configured: "
+                "set rewards.judge (an external judge), rewards.checkers, or rewards.judge_source: engine "
+                "(the served base model judges), or use scheduler.mode: skills_only")
+        return self
+
+    @model_validator(mode="after")
     def _lora_fits_engine(self) -> ClawrayConfig:
         # vLLM refuses an adapter of a larger rank only when it is loaded, i.e. after a whole training
         # window; an upstream engine loads no clawray adapters, so its limit does not apply.
@@ -330,13 +404,32 @@ class ClawrayConfig(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _remote_storage_root(self) -> ClawrayConfig:
+        # Object storage holds blobs only: records and coordination need a database that several hosts
+        # share (SQLite files cannot live in a bucket; core/state.py refuses them on network mounts too).
+        try:
+            remote = remote_scheme(self.storage_root)
+        except ValueError as e:
+            raise ValueError(f"storage_root {e}") from None
+        if remote and not self.state.dsn:
+            raise ValueError(
+                f"storage_root {self.storage_root} needs state.dsn (postgresql://...): records and "
+                "coordination cannot live in a bucket (docs/cluster.md)")
+        return self
+
+    def blob_root(self) -> str | None:
+        """The object-storage URI of the storage root (`s3://bucket/prefix`, `gs://...`), where adapters
+        and checkpoints live (core/blobs.py); None when the storage root is a local folder."""
+        return self.storage_root.rstrip("/") if remote_scheme(self.storage_root) else None
+
     def storage_path(self) -> Path:
+        """The local storage root: the configured folder or, when the storage root is object storage,
+        this host's scratch under `cache_dir` (adapter cache, step logs; state is then in PostgreSQL)."""
+        uri = self.blob_root()
+        if uri is not None:
+            return self.cache_path() / "storage" / re.sub(r"[^A-Za-z0-9._-]+", "-", uri.replace("://", "-"))
         p = Path(self.storage_root)
-        if "://" in self.storage_root:
-            raise ConfigError(
-                f"storage_root {self.storage_root!r}: remote roots are synced by the cluster setup; "
-                "point storage_root at the mounted path on each node"
-            )
         return p if p.is_absolute() else REPO_ROOT / p
 
     def cache_path(self) -> Path:

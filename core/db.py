@@ -59,7 +59,8 @@ def redact_dsn(dsn: str) -> str:
     """The DSN with any password replaced by `***` (for logs and errors; secrets never reach them)."""
     parts = urlsplit(dsn)
     if parts.password is None:
-        return re.sub(r"(password\s*=\s*)\S+", r"\1***", dsn)
+        # A key=value conninfo (make_conninfo) quotes a value with spaces: 'a b\'c' is one value.
+        return re.sub(r"(password\s*=\s*)(?:'(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
     host = parts.hostname or ""
     netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))

@@ -26,11 +26,33 @@ TMP_PREFIX = ".tmp-"  # folders being written (a publish) or removed; never a ve
 TMP_GRACE_S = 3600.0  # a publish takes seconds: a temp folder untouched for an hour is a crashed writer's
 
 
+REMOTE_SCHEMES = ("s3", "gs", "gcs")  # object-storage roots (core/blobs.py)
+
+
+def remote_scheme(root: str) -> str | None:
+    """The object-storage scheme of a storage root (`s3`, `gs`), None for a local folder; ValueError for
+    another scheme or a URI without a bucket."""
+    if "://" not in root:
+        return None
+    scheme, rest = root.split("://", 1)
+    if scheme not in REMOTE_SCHEMES:
+        raise ValueError(f"{root!r}: object storage must be one of "
+                         f"{', '.join(s + '://' for s in REMOTE_SCHEMES)} (or use a local folder)")
+    if not rest.split("/", 1)[0]:
+        raise ValueError(f"{root!r} names no bucket ({scheme}://bucket/prefix)")
+    return scheme
+
+
 @dataclass(frozen=True)
 class StorageLayout:
-    """Folders under one storage root; each has exactly one owning plane."""
+    """Folders under one storage root; each has exactly one owning plane.
+
+    `blob_root`: the object-storage URI (`s3://bucket/prefix`) when the storage root is remote. Adapters
+    and Ray Train checkpoints then live there (core/blobs.py, core/adapter_store.py) and `root` is local
+    scratch on this host (adapter cache, step logs); None = everything under `root`, as on one machine."""
 
     root: Path
+    blob_root: str | None = None
 
     @property
     def skills(self) -> Path:  # evolve/

@@ -7,9 +7,10 @@ It is an async actor, so `stats()` and further `observe` calls are served while 
 Each evolution runs inside a replay fence (evolve/loop.py); the bank's generation never goes back
 (a wiped skills folder is reconciled at start-up, against Replay's generation, and at the next turn).
 
-Metrics (`ray.util.metrics`, Prometheus via the Ray metrics agent): counters
-`clawray_evolutions_triggered`, `clawray_evolutions_accepted`, `clawray_evolutions_rejected`,
-`clawray_skills_accepted`, `clawray_skills_rejected`; gauges `clawray_skills`, `clawray_skill_generation`.
+Metrics (`ray.util.metrics`, Prometheus via the Ray metrics agent; docs/metrics.md): counters
+`clawray_evolutions_triggered_total`, `clawray_evolutions_accepted_total`,
+`clawray_evolutions_rejected_total`, `clawray_skills_accepted_total`, `clawray_skills_rejected_total`
+(each exported at 0 from the start); gauges `clawray_skills`, `clawray_skill_generation`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ray.util.metrics import Counter, Gauge
 
 from core.config import EvolverConfig, SkillsConfig
 from core.contracts import Sample, Turn
+from core.metrics import hold, zero_counter
 from evolve.bank import SkillBank
 from evolve.embedding import SentenceEmbedder
 from evolve.evolvers import make_evolver
@@ -109,11 +111,19 @@ class Evolver:
         self._bank = SkillBank(Path(skills_root), skills_cfg, embedder)
         self._replay = RayReplayLink(replay_name)
         self._loop = EvolutionLoop(self._bank, evolver_cfg, make_evolver(evolver_cfg), self._replay)
-        self._counters = {k: Counter(f"clawray_{k}", description=f"fast loop: {k.replace('_', ' ')}")
-                          for k in ("evolutions_triggered", "evolutions_accepted", "evolutions_rejected",
-                                    "skills_accepted", "skills_rejected")}
-        self._gauges = {"skills": Gauge("clawray_skills", description="skills in the library"),
-                        "generation": Gauge("clawray_skill_generation", description="skill generation")}
+        # Each at 0 from the start: a first rejection must show as an increase (core/metrics.py).
+        self._counters = {k: zero_counter(c) for k, c in {
+            "evolutions_triggered": Counter("clawray_evolutions_triggered_total", "Evolutions started."),
+            "evolutions_accepted": Counter("clawray_evolutions_accepted_total",
+                                           "Evolutions whose skills the bank took (written or merged)."),
+            "evolutions_rejected": Counter("clawray_evolutions_rejected_total",
+                                           "Evolutions that added nothing: no claimable failure, an evolver error "
+                                           "or timeout, no skill, or every skill refused."),
+            "skills_accepted": Counter("clawray_skills_accepted_total", "Skills written with new content."),
+            "skills_rejected": Counter("clawray_skills_rejected_total", "Skills the bank refused."),
+        }.items()}
+        self._gauges = {"skills": Gauge("clawray_skills", "Skills in the library."),
+                        "generation": Gauge("clawray_skill_generation", "The library's skill generation.")}
         self._exported = {k: 0 for k in self._counters}
         self._loop.reconcile(self._replay.generation())  # e.g. restarted after the skills folder was wiped
         self._export()
@@ -157,8 +167,8 @@ class Evolver:
             if delta > 0:
                 metric.inc(delta)
                 self._exported[key] = counters[key]
-        self._gauges["skills"].set(len(self._bank))
-        self._gauges["generation"].set(self._bank.generation)
+        hold(self._gauges["skills"], len(self._bank))  # held: set again while no turn comes
+        hold(self._gauges["generation"], self._bank.generation)
 
 
 def get_or_create_evolver(skills_root: Path, skills_cfg: SkillsConfig, evolver_cfg: EvolverConfig, *,

@@ -105,23 +105,23 @@ class Demo:
         return httpx.get(self.system.base_url + "/healthz", timeout=10).json().get("active_adapter")
 
     def _replay_rows(self, where: str, args: tuple = ()) -> dict[str, tuple[str, int]]:
-        """sample_id -> (state, generation), read-only from the Replay actor's SQLite file (WAL allows a
-        concurrent reader): the audit view, independent of what the actors report about themselves."""
-        import sqlite3
-
+        """sample_id -> (state, generation), read straight from the Replay actor's database (SQLite WAL or
+        PostgreSQL: a concurrent reader): the audit view, independent of what the actors report."""
         from train.replay import DB_FILE
+        from train.replay_schema import open_replay_db
 
-        con = sqlite3.connect(f"file:{self.root / 'replay' / DB_FILE}?mode=ro", uri=True)
+        db = open_replay_db(self.root / "replay" / DB_FILE, self.cfg.state)
         try:
-            rows = con.execute(f"SELECT sample_id, state, generation FROM samples WHERE {where}", args).fetchall()
+            with db.tx() as c:
+                rows = c.execute(f"SELECT sample_id, state, generation FROM samples WHERE {where}", args).fetchall()
         finally:
-            con.close()
+            db.close()
         return {sid: (state, gen) for sid, state, gen in rows}
 
     def _turns(self, sessions: list[str]) -> list:
         from serve.sessions import SessionStore
 
-        store = SessionStore(self.root / "sessions" / "sessions.db")
+        store = SessionStore(self.root / "sessions" / "sessions.db", self.cfg.state)
         try:
             return [t for s in sessions for t in store.turns(s)]
         finally:
@@ -252,7 +252,7 @@ class Demo:
                                                  self._turns([f"{u}-{day.id}" for u in USERS])]
                     self.rows.append(row)
             self.print_summary()
-            self.console.print(f"report: {write_report(self.root, self.root / 'report.png')}")
+            self.console.print(f"report: {write_report(self.root, self.root / 'report.png', self.cfg.state)}")
         finally:
             with self.console.status("stopping clawray"):
                 stop_system(self.cfg)

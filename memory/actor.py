@@ -22,12 +22,13 @@ from typing import Any
 
 import ray
 
-from core.config import MemoryConfig
+from core.config import MemoryConfig, StateConfig
 from core.contracts import Sample, Turn
+from core.db import DatabaseError
 from memory.extract import OfflineExtractor
 from memory.ingest import Extractor, Ingestor, IngestReport, Owner, entry_of
+from memory.open import open_memory_store
 from memory.retrieval import Embedder
-from memory.sqlite_store import SqliteMemoryStore
 
 log = logging.getLogger("clawray.memory")
 SWEEP_S = 30.0
@@ -44,14 +45,15 @@ def make_extractor(cfg: MemoryConfig) -> Extractor:
 
 
 class MemoryActor:
-    """Args: the storage root's memory folder, the memory section, and a factory of the embedder (called
-    inside the actor: models do not pickle; None = no vectors)."""
+    """Args: the storage root's memory folder (`<storage root>/memory`), the memory section, a factory of the
+    embedder (called inside the actor: models do not pickle; None = no vectors), and the `state` section
+    (its dict; with `dsn` the store is PostgreSQL, memory/open.py)."""
 
     def __init__(self, memory_dir: str, cfg: MemoryConfig, embedder_factory: Callable[[], Embedder] | None = None,
-                 *, metrics: bool = True):
+                 *, metrics: bool = True, state: StateConfig | dict | None = None):
         logging.basicConfig(level=logging.INFO)
         self.cfg = cfg
-        self.store = SqliteMemoryStore.open(Path(memory_dir))
+        self.store = open_memory_store(memory_dir, state, storage_root=Path(memory_dir).parent)
         self.ingestor = Ingestor(self.store, cfg, make_extractor(cfg),
                                  embedder_factory() if embedder_factory is not None else None)
         self.metrics = None
@@ -121,7 +123,7 @@ class MemoryActor:
             self._scheduled.discard(owner)  # turns arriving from now on schedule another run
             try:
                 report = await self.ingestor.ingest(owner)
-            except (LLMError, sqlite3.Error, OSError) as e:  # the turns stay pending; the sweep retries
+            except (LLMError, sqlite3.Error, DatabaseError, OSError) as e:  # turns stay pending; the sweep retries
                 log.warning("memory ingestion of a conversation failed (%s: %s); retried later",
                             type(e).__name__, e)
                 self._count("ingest_errors")
@@ -174,7 +176,7 @@ class MemoryActor:
             await asyncio.sleep(SWEEP_S)
             try:
                 self._count("retention_deleted", await self.sweep())
-            except (sqlite3.Error, OSError) as e:
+            except (sqlite3.Error, DatabaseError, OSError) as e:
                 log.warning("memory sweep failed: %s", e)
 
     async def forget(self, user: str, workspace: str | None = None, session: str | None = None) -> int:
@@ -191,9 +193,9 @@ Memory = ray.remote(num_cpus=0.1, max_restarts=-1)(MemoryActor)
 
 
 def get_or_create_memory(memory_dir: str, cfg: MemoryConfig, embedder_factory: Callable[[], Embedder] | None,
-                         *, name: str, namespace: str, detached: bool = False):
+                         *, name: str, namespace: str, detached: bool = False, state: dict | None = None):
     """The named `Memory` actor handle, created if it does not exist (the composition root calls this)."""
     opts: dict[str, Any] = {"name": name, "namespace": namespace, "get_if_exists": True}
     if detached:
         opts["lifetime"] = "detached"
-    return Memory.options(**opts).remote(memory_dir, cfg, embedder_factory)
+    return Memory.options(**opts).remote(memory_dir, cfg, embedder_factory, state=state)

@@ -58,7 +58,7 @@ def export(store: MemoryStore, flt: UnitFilter) -> Iterator[dict[str, Any]]:
 
 def forget(store: MemoryStore, user: str | None, workspace: str | None = None, session: str | None = None,
            unit_id: str | None = None) -> dict[str, Any]:
-    """Delete one unit, or everything of a user / workspace / session (see `SqliteMemoryStore.forget`)."""
+    """Delete one unit, or everything of a user / workspace / session (the store's `forget`)."""
     if unit_id is not None:
         n = store.delete_units([unit_id])
         if not n:

@@ -1,9 +1,10 @@
 """`clawray memory ...`: inspect, search, export and forget long-term memory of a storage root.
 
 A typer sub-app; the composition-root CLI (cluster/cli.py) mounts it and hands in the embedder factory
-for `search` (`set_embedder_factory`; without one, search is full text only). It works on the store
-directly (no cluster needed; SQLite's locking makes it safe next to a running `Memory` actor and
-Proxies, which see a forget at their next request).
+for `search` (`set_embedder_factory`; without one, search is full text only). It works on the store the
+config's `state` selects (the storage root's SQLite file, or PostgreSQL with `state.dsn`) directly (no
+cluster needed; the store's transactions make it safe next to a running `Memory` actor and Proxies,
+which see a forget at their next request).
 
     clawray memory [--config FILE] list [--user U [--workspace W [--session S]]] [--kind K] [--all] [-n N]
                                    search QUERY --user U --workspace W [--session S] [--scope CAP]
@@ -27,11 +28,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from core.config import ConfigError, MemoryConfig, load_config
+from core.db import DatabaseError
 from core.storage import StorageLayout
 from memory import admin
-from memory.report import render_markdown, summary
+from memory.open import open_memory_store
+from memory.report import render_markdown, summarize
 from memory.retrieval import Embedder, MemorySearch
-from memory.sqlite_store import SqliteMemoryStore
+from memory.store import MemoryStore
 
 memory_app = typer.Typer(name="memory", help="Inspect, search, export and forget long-term memory.",
                          no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -61,16 +64,16 @@ def _main(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
     ctx.obj = config
 
 
-def _open(ctx: typer.Context) -> tuple[SqliteMemoryStore, MemoryConfig, Path]:
+def _open(ctx: typer.Context) -> tuple[MemoryStore, MemoryConfig, Path]:
     try:
         cfg = load_config(ctx.obj)
     except ConfigError as e:
         raise _fail(str(e)) from None
     root = cfg.storage_path()
     try:
-        return SqliteMemoryStore.open(StorageLayout(root).memory), cfg.memory, root
-    except OSError as e:
-        raise _fail(f"cannot open the memory store under {root}: {e}") from None
+        return open_memory_store(StorageLayout(root).memory, cfg.state, storage_root=root), cfg.memory, root
+    except (OSError, ConfigError, DatabaseError) as e:
+        raise _fail(f"cannot open the memory store of {root}: {e}") from None
 
 
 def _run(fn: Callable[[], Any]) -> Any:
@@ -179,8 +182,8 @@ def forget_cmd(ctx: typer.Context, user: User = None, workspace: Workspace = Non
 @memory_app.command("stats")
 def stats_cmd(ctx: typer.Context, as_json: AsJson = False) -> None:
     """Units by kind and scope, and what was remembered per user."""
-    _, _, root = _open(ctx)
-    data = summary(root)
+    store, _, _ = _open(ctx)
+    data = summarize(store)
     if as_json:
         out.print_json(json.dumps(data))
     else:

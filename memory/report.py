@@ -1,7 +1,8 @@
 """What was remembered, per user: for the demo's report, `clawray memory stats`, and operators.
 
-`summary(storage_root)` reads the memory store under a storage root (no cluster needed);
-`render_markdown(summary)` formats it. Superseded units are counted, never listed as current.
+`summary(storage_root, state=...)` reads the memory store of a storage root, or of the PostgreSQL state
+(`state.dsn`), with no cluster needed; `summarize(store)` reads an open store; `render_markdown(summary)`
+formats it. Superseded units are counted, never listed as current.
 """
 
 from __future__ import annotations
@@ -9,38 +10,46 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from core.config import StateConfig
 from core.storage import StorageLayout
-from memory.sqlite_store import DB_FILE, SqliteMemoryStore
-from memory.store import UnitFilter
+from memory.open import open_memory_store
+from memory.sqlite_store import DB_FILE
+from memory.store import MemoryStore, UnitFilter
 
 
-def summary(storage_root: str | Path, examples: int = 5) -> dict[str, Any]:
-    """{"users": {user: {"units", "by_kind", "by_level", "superseded", "examples": [{kind, level, content}]}},
-    "totals": store stats}; empty when nothing was remembered yet."""
-    path = StorageLayout(Path(storage_root)).memory / DB_FILE
-    if not path.is_file():
+def summary(storage_root: str | Path, examples: int = 5, state: StateConfig | dict | None = None) -> dict[str, Any]:
+    """`summarize` of the store the state config selects; empty when no SQLite store exists yet."""
+    cfg = StateConfig.model_validate(state) if isinstance(state, dict) else state
+    memory_dir = StorageLayout(Path(storage_root)).memory
+    if (cfg is None or not cfg.dsn) and not (memory_dir / DB_FILE).is_file():
         return {"users": {}, "totals": {"units": 0}}
-    store = SqliteMemoryStore(path)
+    store = open_memory_store(memory_dir, cfg)
     try:
-        users: dict[str, Any] = {}
-        every = store.list_units(UnitFilter(include_superseded=True), limit=1_000_000)
-        for u in every:
-            row = users.setdefault(u.user, {"units": 0, "by_kind": {}, "by_level": {}, "superseded": 0,
-                                            "examples": []})
-            if not u.active:
-                row["superseded"] += 1
-                continue
-            row["units"] += 1
-            row["by_kind"][u.kind.value] = row["by_kind"].get(u.kind.value, 0) + 1
-            row["by_level"][u.level.value] = row["by_level"].get(u.level.value, 0) + 1
-        for user, row in users.items():
-            best = store.list_units(UnitFilter(user=user), limit=200)
-            best.sort(key=lambda u: (-u.confidence, -u.mentions, -u.updated_at))
-            row["examples"] = [{"kind": u.kind.value, "level": u.level.value, "content": u.content}
-                               for u in best[:examples]]
-        return {"users": users, "totals": store.stats()}
+        return summarize(store, examples)
     finally:
         store.close()
+
+
+def summarize(store: MemoryStore, examples: int = 5) -> dict[str, Any]:
+    """{"users": {user: {"units", "by_kind", "by_level", "superseded", "examples": [{kind, level, content}]}},
+    "totals": store stats}."""
+    users: dict[str, Any] = {}
+    every = store.list_units(UnitFilter(include_superseded=True), limit=1_000_000)
+    for u in every:
+        row = users.setdefault(u.user, {"units": 0, "by_kind": {}, "by_level": {}, "superseded": 0,
+                                        "examples": []})
+        if not u.active:
+            row["superseded"] += 1
+            continue
+        row["units"] += 1
+        row["by_kind"][u.kind.value] = row["by_kind"].get(u.kind.value, 0) + 1
+        row["by_level"][u.level.value] = row["by_level"].get(u.level.value, 0) + 1
+    for user, row in users.items():
+        best = store.list_units(UnitFilter(user=user), limit=200)
+        best.sort(key=lambda u: (-u.confidence, -u.mentions, -u.updated_at))
+        row["examples"] = [{"kind": u.kind.value, "level": u.level.value, "content": u.content}
+                           for u in best[:examples]]
+    return {"users": users, "totals": store.stats()}
 
 
 def render_markdown(data: dict[str, Any]) -> str:

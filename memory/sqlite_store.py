@@ -16,8 +16,6 @@ NOTE: one connection per store object, serialised by a lock; every method is blo
 
 from __future__ import annotations
 
-import hashlib
-import json
 import sqlite3
 import threading
 import time
@@ -26,14 +24,31 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from memory.rows import (
+    INBOX_COLS,
+    INBOX_DONE_KEEP_S,
+    TOMBSTONE_KEEP_S,
+    UNIT_COLS,
+    Stale,
+    filter_sql,
+    forget_target,
+    history_chain,
+    inbox_entry,
+    inbox_values,
+    marks,
+    merged_turns,
+    owner_key,
+    owner_keys,
+    rarest_terms,
+    row_of,
+    stats_of,
+    unit_of,
+)
 from memory.store import InboxEntry, Plan, ScopeChanges, UnitFilter
 from memory.text import index_text, scope_prefix, terms
-from memory.units import Kind, Level, MemoryUnit, Scope
+from memory.units import Kind, MemoryUnit, Scope
 
 DB_FILE = "memory.db"
-TOMBSTONE_KEEP_S = 86400.0  # readers idle longer than this reload a scope instead of catching up
-INBOX_DONE_KEEP_S = 86400.0  # a consumed turn's id is kept this long, so a re-delivery is ignored
-MAX_QUERY_TERMS = 8
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS units (
@@ -64,34 +79,6 @@ CREATE VIRTUAL TABLE IF NOT EXISTS units_fts USING fts5(
   terms, tokenize='unicode61 remove_diacritics 2', detail=none);
 CREATE VIRTUAL TABLE IF NOT EXISTS units_vocab USING fts5vocab(units_fts, 'row');
 """
-UNIT_COLS = ("unit_id, kind, content, key, level, user_id, workspace_id, session_id, source_session, "
-             "source_turns, created_at, updated_at, confidence, mentions, supersedes, superseded_by")
-
-
-class _Stale(Exception):
-    """A consumed inbox turn was deleted meanwhile (forgotten): the batch must not be written."""
-
-
-def owner_key(*ids: str) -> str:
-    """Hash of (user[, workspace[, session]]): forgets are remembered without the ids themselves."""
-    return hashlib.sha256(json.dumps(list(ids)).encode()).hexdigest()
-
-
-def _unit(row: tuple) -> MemoryUnit:
-    """A stored row as a unit, without re-validating it (it was validated when written; this is the read
-    path of every request, where validating ~100 candidates cost milliseconds)."""
-    (uid, kind, content, key, level, user, ws, sess, src, turns, c_at, u_at, conf, mentions, sup,
-     sup_by) = row
-    return MemoryUnit.model_construct(
-        unit_id=uid, kind=Kind(kind), content=content, key=key, level=Level(level), user=user, workspace=ws,
-        session=sess, source_session=src, source_turns=json.loads(turns), created_at=c_at, updated_at=u_at,
-        confidence=conf, mentions=mentions, supersedes=sup, superseded_by=sup_by)
-
-
-def _marks(n: int) -> str:
-    return ",".join("?" * n)
-
-
 class SqliteMemoryStore:
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -146,29 +133,18 @@ class SqliteMemoryStore:
     # ---- inbox ------------------------------------------------------------------------------------
     def inbox_add(self, e: InboxEntry) -> bool:
         """Queue a turn; False when it was queued before (a re-delivery) or its owner was forgotten after."""
-        payload = json.dumps({"user_texts": e.user_texts, "assistant_text": e.assistant_text})
         with self._tx() as db:  # checked in the same transaction: a forget cannot land in between
             if _forgotten(db, e.user, e.workspace, e.session_id, e.created_at):
                 return False
-            cur = db.execute(
-                "INSERT OR IGNORE INTO inbox(turn_id, session_id, user_id, workspace_id, cap, turn_index, "
-                "created_at, last, payload) VALUES (?,?,?,?,?,?,?,?,?)",
-                (e.turn_id, e.session_id, e.user, e.workspace, e.cap, e.turn_index, e.created_at,
-                 int(e.last), payload))
+            cur = db.execute(f"INSERT OR IGNORE INTO inbox({INBOX_COLS}) VALUES ({marks(9)})", inbox_values(e))
             return cur.rowcount == 1
 
     def inbox_pending(self, user: str, workspace: str, session: str) -> list[InboxEntry]:
         """The pending turns of one conversation owner, oldest first."""
         rows = self._read(
-            "SELECT turn_id, session_id, user_id, workspace_id, cap, turn_index, created_at, last, payload "
-            "FROM inbox WHERE done_at IS NULL AND user_id = ? AND workspace_id = ? AND session_id = ? "
-            "ORDER BY created_at, turn_index", (user, workspace, session))
-        out = []
-        for tid, sid, u, ws, cap, idx, c_at, last, payload in rows:
-            p = json.loads(payload)
-            out.append(InboxEntry(tid, sid, u, ws, cap, idx, c_at, bool(last), p["user_texts"],
-                                  p["assistant_text"]))
-        return out
+            f"SELECT {INBOX_COLS} FROM inbox WHERE done_at IS NULL AND user_id = ? AND workspace_id = ? AND "
+            "session_id = ? ORDER BY created_at, turn_index", (user, workspace, session))
+        return [inbox_entry(r) for r in rows]
 
     def inbox_owners(self) -> list[tuple[str, str, str, float, int, int]]:
         """Per owner with pending turns: (user, workspace, session, oldest created_at, 1 if its last turn
@@ -189,12 +165,12 @@ class SqliteMemoryStore:
             with self._tx() as db:
                 if consumed:
                     cur = db.execute(f"UPDATE inbox SET done_at = ? WHERE done_at IS NULL AND turn_id IN "
-                                     f"({_marks(len(consumed))})", (time.time(), *consumed))
+                                     f"({marks(len(consumed))})", (time.time(), *consumed))
                     if cur.rowcount != len(set(consumed)):
-                        raise _Stale
+                        raise Stale
                 if plan:
                     self._write(db, plan)
-        except _Stale:
+        except Stale:
             return False
         return True
 
@@ -203,8 +179,8 @@ class SqliteMemoryStore:
         for unit, vec in plan.inserts:
             self._touch_scope(db, unit.scope, seq)
             cur = db.execute(
-                f"INSERT INTO units({UNIT_COLS}, scope_key, seq, vec) VALUES ({_marks(19)})",
-                (*self._row(unit), unit.scope.key, seq, None if vec is None else vec.astype("<f4").tobytes()))
+                f"INSERT INTO units({UNIT_COLS}, scope_key, seq, vec) VALUES ({marks(19)})",
+                (*row_of(unit), unit.scope.key, seq, None if vec is None else vec.astype("<f4").tobytes()))
             db.execute("INSERT INTO units_fts(rowid, terms) VALUES (?, ?)",
                        (cur.lastrowid, index_text(unit.scope.key, unit.content)))
         for m in plan.merges:
@@ -212,10 +188,9 @@ class SqliteMemoryStore:
                              (m.unit_id,)).fetchone()
             if row is None:
                 continue
-            turns = list(dict.fromkeys([*json.loads(row[0]), *m.source_turns]))[-50:]
             db.execute("UPDATE units SET updated_at = max(updated_at, ?), confidence = max(confidence, ?), "
                        "mentions = mentions + 1, source_turns = ?, seq = ? WHERE unit_id = ?",
-                       (m.updated_at, m.confidence, json.dumps(turns), seq, m.unit_id))
+                       (m.updated_at, m.confidence, merged_turns(row[0], m.source_turns), seq, m.unit_id))
             db.execute("UPDATE scopes SET seq = ? WHERE scope_key = ?", (seq, row[1]))
         for old, new in plan.supersessions:
             row = db.execute("UPDATE units SET superseded_by = ?, seq = ? WHERE unit_id = ? "
@@ -223,12 +198,6 @@ class SqliteMemoryStore:
             if row is not None:
                 db.execute("DELETE FROM units_fts WHERE rowid = ?", (row[0],))
                 db.execute("UPDATE scopes SET seq = ? WHERE scope_key = ?", (seq, row[1]))
-
-    @staticmethod
-    def _row(u: MemoryUnit) -> tuple:
-        return (u.unit_id, u.kind.value, u.content, u.key, u.level.value, u.user, u.workspace, u.session,
-                u.source_session, json.dumps(u.source_turns), u.created_at, u.updated_at, u.confidence,
-                u.mentions, u.supersedes, u.superseded_by)
 
     @staticmethod
     def _touch_scope(db: sqlite3.Connection, scope: Scope, seq: int) -> None:
@@ -242,14 +211,14 @@ class SqliteMemoryStore:
         rows = self._read(f"SELECT {UNIT_COLS} FROM units WHERE scope_key = ? AND kind = ? AND key = ? "
                           "AND superseded_by IS NULL ORDER BY updated_at DESC LIMIT 1",
                           (scope.key, kind.value, key))
-        return _unit(rows[0]) if rows else None
+        return unit_of(rows[0]) if rows else None
 
     def delete_units(self, unit_ids: list[str]) -> int:
         """Delete units (and their FTS rows and vectors) for good; readers learn it from tombstones."""
         if not unit_ids:
             return 0
         with self._tx() as db:
-            return self._delete_where(db, f"unit_id IN ({_marks(len(unit_ids))})", list(unit_ids), set())
+            return self._delete_where(db, f"unit_id IN ({marks(len(unit_ids))})", list(unit_ids), set())
 
     def _delete_where(self, db: sqlite3.Connection, where: str, args: list, dropped_scopes: set[str]) -> int:
         rows = db.execute(f"SELECT rid, unit_id, scope_key FROM units WHERE {where}", args).fetchall()
@@ -259,8 +228,8 @@ class SqliteMemoryStore:
         for i in range(0, len(rows), 500):
             chunk = rows[i:i + 500]
             rids = [r[0] for r in chunk]
-            db.execute(f"DELETE FROM units_fts WHERE rowid IN ({_marks(len(rids))})", rids)
-            db.execute(f"DELETE FROM units WHERE rid IN ({_marks(len(rids))})", rids)
+            db.execute(f"DELETE FROM units_fts WHERE rowid IN ({marks(len(rids))})", rids)
+            db.execute(f"DELETE FROM units WHERE rid IN ({marks(len(rids))})", rids)
         kept = [(seq, key, uid, now) for _, uid, key in rows if key not in dropped_scopes]
         db.executemany("INSERT INTO tombstones(seq, scope_key, unit_id, at) VALUES (?,?,?,?)", kept)
         for key in {k for _, k, _, _ in kept}:
@@ -271,26 +240,14 @@ class SqliteMemoryStore:
         """Delete every unit of the owner (a user; a user's workspace; a session, with the units extracted
         from it in wider scopes) and its pending turns, remember (hashed) that it was forgotten, and scrub
         the FTS index and the WAL. Returns the number of units deleted."""
-        if session is not None and workspace is None:
-            raise ValueError("forgetting a session needs its workspace")
-        if session is not None:
-            unit_where = "user_id = ? AND ((workspace_id = ? AND session_id = ?) OR source_session = ?)"
-            unit_args, owner = [user, workspace, session, session], (user, workspace, session)
-            scope_where, scope_args = "scope_key = ?", [Scope(Level.session, user, workspace, session).key]
-            inbox_where, inbox_args = "user_id = ? AND workspace_id = ? AND session_id = ?", list(owner)
-        elif workspace is not None:
-            unit_where, unit_args, owner = "user_id = ? AND workspace_id = ?", [user, workspace], (user, workspace)
-            scope_where, scope_args, inbox_where, inbox_args = unit_where, unit_args, unit_where, unit_args
-        else:
-            unit_where, unit_args, owner = "user_id = ?", [user], (user,)
-            scope_where, scope_args, inbox_where, inbox_args = unit_where, unit_args, unit_where, unit_args
+        t = forget_target(user, workspace, session)
         with self._tx() as db:
-            dropped = {r[0] for r in db.execute(f"SELECT scope_key FROM scopes WHERE {scope_where}", scope_args)}
-            n = self._delete_where(db, unit_where, unit_args, dropped)
+            dropped = {r[0] for r in db.execute(f"SELECT scope_key FROM scopes WHERE {t.scopes[0]}", t.scopes[1])}
+            n = self._delete_where(db, *t.units, dropped)
             db.executemany("DELETE FROM scopes WHERE scope_key = ?", [(k,) for k in dropped])
-            db.execute(f"DELETE FROM inbox WHERE {inbox_where}", inbox_args)
+            db.execute(f"DELETE FROM inbox WHERE {t.inbox[0]}", t.inbox[1])
             db.execute("INSERT INTO forgets(owner_key, at) VALUES (?, ?) ON CONFLICT(owner_key) DO UPDATE "
-                       "SET at = excluded.at", (owner_key(*owner), time.time()))
+                       "SET at = excluded.at", (owner_key(*t.owner), time.time()))
         self._scrub()
         return n
 
@@ -325,7 +282,7 @@ class SqliteMemoryStore:
     def scope_versions(self, keys: list[str]) -> dict[str, int]:
         if not keys:
             return {}
-        rows = self._read(f"SELECT scope_key, seq FROM scopes WHERE scope_key IN ({_marks(len(keys))})", keys)
+        rows = self._read(f"SELECT scope_key, seq FROM scopes WHERE scope_key IN ({marks(len(keys))})", keys)
         return dict(rows)
 
     def scope_changes(self, key: str, since: int) -> ScopeChanges:
@@ -356,9 +313,9 @@ class SqliteMemoryStore:
         if not tokens or limit <= 0:
             return []
         with self._lock:
-            df = self._db.execute(f"SELECT term, doc FROM units_vocab WHERE term IN ({_marks(len(tokens))})",
+            df = self._db.execute(f"SELECT term, doc FROM units_vocab WHERE term IN ({marks(len(tokens))})",
                                   tokens).fetchall()
-            keep = sorted((doc, term) for term, doc in df if 0 < doc <= max_df)[:MAX_QUERY_TERMS]
+            keep = rarest_terms(df, max_df)
             if not keep:
                 return []
             match = " OR ".join(f'"{t}"' for _, t in keep)
@@ -375,35 +332,24 @@ class SqliteMemoryStore:
         if not unit_ids or not scopes:
             return []
         rows = self._read(f"SELECT {UNIT_COLS} FROM units WHERE superseded_by IS NULL AND unit_id IN "
-                          f"({_marks(len(unit_ids))})", list(unit_ids))
+                          f"({marks(len(unit_ids))})", list(unit_ids))
         allowed = set(scopes)
-        by_id = {u.unit_id: u for u in map(_unit, rows) if u.scope in allowed}
+        by_id = {u.unit_id: u for u in map(unit_of, rows) if u.scope in allowed}
         return [by_id[i] for i in unit_ids if i in by_id]
 
     def get(self, unit_id: str) -> MemoryUnit | None:
         rows = self._read(f"SELECT {UNIT_COLS} FROM units WHERE unit_id = ?", (unit_id,))
-        return _unit(rows[0]) if rows else None
+        return unit_of(rows[0]) if rows else None
 
     def history(self, unit_id: str) -> list[MemoryUnit]:
         """The supersession chain through `unit_id`, oldest first."""
-        unit = self.get(unit_id)
-        if unit is None:
-            return []
-        chain, seen = [unit], {unit.unit_id}
-        while chain[0].supersedes and chain[0].supersedes not in seen and (u := self.get(chain[0].supersedes)):
-            chain.insert(0, u)
-            seen.add(u.unit_id)
-        while chain[-1].superseded_by and chain[-1].superseded_by not in seen and (
-                u := self.get(chain[-1].superseded_by)):
-            chain.append(u)
-            seen.add(u.unit_id)
-        return chain
+        return history_chain(self.get, unit_id)
 
     def list_units(self, flt: UnitFilter, limit: int, offset: int = 0) -> list[MemoryUnit]:
-        where, args = _filter_sql(flt)
+        where, args = filter_sql(flt)
         rows = self._read(f"SELECT {UNIT_COLS} FROM units WHERE {where} ORDER BY updated_at DESC, rid DESC "
                           "LIMIT ? OFFSET ?", [*args, limit, offset])
-        return [_unit(r) for r in rows]
+        return [unit_of(r) for r in rows]
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -414,29 +360,10 @@ class SqliteMemoryStore:
             scopes, users = self._db.execute("SELECT count(*), count(DISTINCT user_id) FROM scopes").fetchone()
             pending, oldest = self._db.execute("SELECT count(*), min(created_at) FROM inbox WHERE done_at IS NULL"
                                                ).fetchone()
-        by_kind: dict[str, int] = {}
-        by_level: dict[str, int] = {}
-        for kind, level, n in by:
-            by_kind[kind] = by_kind.get(kind, 0) + n
-            by_level[level] = by_level.get(level, 0) + n
-        return {"units": sum(by_kind.values()), "by_kind": by_kind, "by_level": by_level,
-                "by_kind_level": {f"{k}/{lv}": n for k, lv, n in by}, "superseded": superseded,
-                "scopes": scopes, "users": users, "inbox_pending": pending, "inbox_oldest": oldest}
+        return stats_of(by, superseded, scopes, users, pending, oldest)
 
 
 def _forgotten(db: sqlite3.Connection, user: str, workspace: str, session: str, created_at: float) -> bool:
-    keys = [owner_key(user), owner_key(user, workspace), owner_key(user, workspace, session)]
-    at = db.execute(f"SELECT max(at) FROM forgets WHERE owner_key IN ({_marks(3)})", keys).fetchone()[0]
+    at = db.execute(f"SELECT max(at) FROM forgets WHERE owner_key IN ({marks(3)})",
+                    owner_keys(user, workspace, session)).fetchone()[0]
     return at is not None and created_at <= at
-
-
-def _filter_sql(flt: UnitFilter) -> tuple[str, list[Any]]:
-    clauses, args = ["1 = 1"], []
-    for col, val in (("user_id", flt.user), ("workspace_id", flt.workspace), ("session_id", flt.session),
-                     ("level", flt.level), ("kind", flt.kind.value if flt.kind else None)):
-        if val is not None:
-            clauses.append(f"{col} = ?")
-            args.append(val)
-    if not flt.include_superseded:
-        clauses.append("superseded_by IS NULL")
-    return " AND ".join(clauses), args

@@ -1,8 +1,10 @@
 """The memory store interface (DESIGN.md "State": one small interface per store).
 
-`SqliteMemoryStore` (memory/sqlite_store.py) is the embedded default: SQLite with an FTS5 index. A
-PostgreSQL implementation for cluster-grade state implements the same methods (full text with
-`tsvector`/`ts_rank`, vectors as `bytea` or pgvector, the sequence as a `bigserial`).
+Two implementations, chosen by the `state` config (`memory.open.open_memory_store`):
+`SqliteMemoryStore` (memory/sqlite_store.py), the embedded default, SQLite with an FTS5 index; and
+`PgMemoryStore` (memory/pg_store.py) when `state.dsn` is set, PostgreSQL with a generated `tsvector`
+over the same index terms and a GIN index, BM25 ranked as FTS5 ranks it, vectors as `bytea`, the
+change sequence a PostgreSQL sequence. Both pass the same contract tests (tests/unit/test_memory_store.py).
 
 Readers (the Proxy) sync their in-process vector index per scope by a change sequence: every write
 stamps the rows it touches, and the scope's row, with a new `seq`; deleted ids are kept as tombstones
@@ -103,3 +105,4 @@ class MemoryStore(Protocol):
     def history(self, unit_id: str) -> list[MemoryUnit]: ...
     def list_units(self, flt: UnitFilter, limit: int, offset: int = 0) -> list[MemoryUnit]: ...
     def stats(self) -> dict[str, Any]: ...
+    def close(self) -> None: ...

@@ -91,9 +91,11 @@ class PRM:
         observer_names: tuple[str, ...] = (),
         namespace: str = NAMESPACE,
         judge_max_tokens: int = DEFAULT_JUDGE_MAX_TOKENS,
+        engine_judge: dict[str, str] | None = None,
     ):
         self.scorer = Scorer.from_config(
-            cfg, tokenizer_path=tokenizer_path, workspace_root=workspace_root, judge_max_tokens=judge_max_tokens
+            cfg, tokenizer_path=tokenizer_path, workspace_root=workspace_root, judge_max_tokens=judge_max_tokens,
+            engine_judge=engine_judge,
         )
         self.sink = sink_factory()
         self.evolver = EvolverNotifier(evolver_name, namespace)

@@ -14,6 +14,7 @@ from core.contracts import Sample, Turn, TurnType, Vote
 from core.llm import LLMClient, LLMError
 from rewards import opd
 from rewards.checkers import CheckerSpecError, CheckResult, evaluate
+from rewards.engine_judge import EngineJudge
 from rewards.errors import JudgeUnavailable
 from rewards.judge import build_judge_messages
 from rewards.scoring import SessionRule, build_sample, make_vote
@@ -42,7 +43,7 @@ class Scorer:
         self,
         cfg: RewardsConfig,
         *,
-        judge: LLMClient | None = None,
+        judge: LLMClient | EngineJudge | None = None,
         teacher: LLMClient | None = None,
         tokens: TokenCounter | None = None,
         policy_tokens: HFTokens | None = None,
@@ -72,12 +73,24 @@ class Scorer:
         tokenizer_path: str | None = None,
         workspace_root: str | Path | None = None,
         judge_max_tokens: int = DEFAULT_JUDGE_MAX_TOKENS,
+        engine_judge: dict[str, str] | None = None,
     ) -> Scorer:
-        """Build clients from `cfg.judge`/`cfg.teacher`; `tokenizer_path` = the policy's tokenizer."""
+        """Build clients from `cfg.judge`/`cfg.teacher`; `tokenizer_path` = the policy's tokenizer.
+
+        `engine_judge` ({"deployment", "app", "model"}, from the composition root) is where the votes go when
+        `cfg.resolved_judge_source()` is `engine`: the served base model (rewards/engine_judge.py)."""
         tokens = load_tokens(tokenizer_path)
+        source = cfg.resolved_judge_source()
+        judge: LLMClient | EngineJudge | None = None
+        if source == "external":
+            judge = LLMClient(cfg.judge)
+        elif source == "engine":
+            if engine_judge is None:
+                raise ConfigError("rewards judge source is the engine, but no engine deployment was given")
+            judge = EngineJudge(**engine_judge)
         return cls(
             cfg,
-            judge=LLMClient(cfg.judge) if cfg.judge else None,
+            judge=judge,
             teacher=LLMClient(cfg.teacher) if cfg.teacher else None,
             tokens=tokens,
             policy_tokens=tokens if isinstance(tokens, HFTokens) else None,

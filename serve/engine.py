@@ -3,14 +3,18 @@
 Every request resolves its adapter once, at its start (the active version, a pinned version, or the
 base), and keeps it to the end: activation is a single assignment, so a hot-swap never touches an
 in-flight request (DESIGN.md "Serving never waits for training"). The active version is also written to
-`adapters/active.json` (with the last `adapter_retention` activated versions), from which every replica
-(and a restarted one) reconciles within a second.
+the storage root's active pointer (with the last `adapter_retention` activated versions), from which every
+replica (and a restarted one) reconciles within a second.
+
+Where versions live is core/adapter_store.py's business: `adapters/` under a local storage root, or
+object storage (`blob_root`, e.g. `s3://bucket/prefix`), from which each replica copies a version into a
+local cache folder before vLLM loads it (vLLM needs a local path).
 
 Unloading a retired version is cleanup: a failure is logged, the version stays retiring (never handed
 out) and the reconcile loop retries; it never turns a finished reply into an error. After each
-activation and each unload, version folders outside `adapter_disk_retention` and stale temp folders are
-deleted from disk by the rule in core/storage.py `adapters_to_remove` (never the active version, a
-recently activated one, or one this replica still has loaded).
+activation and each unload, versions outside `adapter_disk_retention` and stale temp folders are
+deleted (from the bucket and the local cache too) by the rule in core/storage.py `adapters_to_remove`
+(never the active version, a recently activated one, or one this replica still has loaded).
 """
 
 from __future__ import annotations
@@ -23,9 +27,9 @@ from typing import Any
 
 from ray import serve
 
+from core.adapter_store import adapter_store
 from core.config import EngineConfig, ModelConfig
-from core.contracts import parse_adapter_name
-from core.storage import StorageLayout, atomic_write_json, prune_adapters, read_json
+from core.storage import StorageLayout
 from serve.adapters import AdapterRegistry
 from serve.metrics import EngineMetrics
 from serve.protocol import EngineRequestError, Reply
@@ -36,19 +40,23 @@ log = logging.getLogger("clawray.engine")
 class PolicyEngineImpl:
     """The deployment's logic, kept apart from the decorator so it can be tested and composed."""
 
-    def __init__(self, model_path: str, model: dict, engine: dict, storage_root: str):
+    def __init__(self, model_path: str, model: dict, engine: dict, storage_root: str,
+                 blob_root: str | None = None):
+        """`storage_root`: the local storage root (`ClawrayConfig.storage_path()`); `blob_root`: the
+        object-storage root when adapters live there (`ClawrayConfig.blob_root()`)."""
         from serve.vllm_engine import VLLMServing
 
         self.model_cfg = ModelConfig.model_validate(model)
         self.engine_cfg = EngineConfig.model_validate(engine)
-        self.layout = StorageLayout(Path(storage_root)).ensure()
+        self.layout = StorageLayout(Path(storage_root), blob_root=blob_root).ensure()
+        self.store = adapter_store(self.layout)
         self.vllm = VLLMServing(model_path, self.model_cfg, self.engine_cfg)
         self.reg = AdapterRegistry(
             self.model_cfg.served_name, self.model_cfg.policy_alias, self.engine_cfg.adapter_retention
         )
         self._lock = asyncio.Lock()  # serialises load/activate/unload
         self._unloading: set[str] = set()  # removals in progress (a retry must not start a second one)
-        self._pointer_mtime = 0.0
+        self._pointer_token: object = None  # the pointer as this replica last saw or wrote it
         self._reconciler: asyncio.Task | None = None
         self.metrics: EngineMetrics | None = None  # set by the deployment (needs a Ray worker)
 
@@ -119,26 +127,23 @@ class PolicyEngineImpl:
 
     # ---- versioned LoRA -------------------------------------------------------------------------
 
-    def _path(self, name: str, given: str | None) -> Path:
-        """The version's folder under `adapters/`; never an arbitrary path from a caller."""
+    async def _path(self, name: str, given: str | None) -> Path:
+        """The version's local folder (on object storage: copied into the local cache first); never an
+        arbitrary path from a caller."""
         try:
-            parse_adapter_name(name)
+            return await asyncio.to_thread(self.store.folder, name, given)
         except ValueError as e:
             raise EngineRequestError(400, str(e)) from None
-        path = self.layout.adapters / name
-        if given is not None and Path(given).resolve() != path.resolve():
-            raise EngineRequestError(400, f"adapter {name!r} must be loaded from the storage root's "
-                                          "adapters folder")
-        if not (path / "adapter_config.json").is_file():
-            raise EngineRequestError(404, f"adapter {name!r} is not published under the storage root")
-        return path
+        except LookupError as e:
+            raise EngineRequestError(404, str(e)) from None
 
     async def load_adapter(self, name: str, path: str | None = None) -> dict[str, Any]:
-        """Load a published version by name (its folder under `adapters/`). Idempotent.
+        """Load a published version by name (from the storage root's adapters). Idempotent.
 
-        `path` (what the trainer passes) must be that same folder; it is checked, not trusted.
+        `path` (what the trainer passes: the version's folder, or the URI of its files on object
+        storage) must be where the storage root has it; it is checked, not trusted.
         """
-        path = self._path(name, path)
+        path = await self._path(name, path)
         async with self._lock:
             if name not in self.reg.loaded or name in self.reg.retiring:
                 await self.vllm.add_lora(name, str(path))
@@ -154,7 +159,7 @@ class PolicyEngineImpl:
                 self.reg.activate(name)
             except KeyError as e:
                 raise EngineRequestError(404, str(e)) from None
-            self._write_pointer(name)
+            await self._write_pointer(name)
             for victim in self.reg.over_retention():
                 if self.reg.retire(victim):
                     await self._unload_quietly(victim)
@@ -185,14 +190,11 @@ class PolicyEngineImpl:
     async def adapters(self) -> dict[str, Any]:
         return self.reg.snapshot()
 
-    def _write_pointer(self, name: str | None) -> None:
-        """`active.json`: the active version and the versions activated last (any replica may still
-        serve those, so their folders stay on disk)."""
-        pointer = self.layout.adapters / "active.json"
-        recent = [n for n in (read_json(pointer, {}) or {}).get("recent", []) if n != name]
-        recent = (recent + ([name] if name else []))[-self.engine_cfg.adapter_retention:]
-        atomic_write_json(pointer, {"active": name, "recent": recent})
-        self._pointer_mtime = pointer.stat().st_mtime
+    async def _write_pointer(self, name: str | None) -> None:
+        """The active pointer: the active version and the versions activated last (any replica may still
+        serve those, so their files stay)."""
+        await asyncio.to_thread(self.store.set_active, name, self.engine_cfg.adapter_retention)
+        self._pointer_token = await asyncio.to_thread(self.store.pointer_token)
 
     async def _remove(self, name: str) -> None:
         self._unloading.add(name)
@@ -217,27 +219,22 @@ class PolicyEngineImpl:
                 await self._unload_quietly(name)
 
     async def _prune_folders(self) -> None:
-        """Delete version folders outside retention and stale temp folders (core/storage.py's rule)."""
-        pointer = read_json(self.layout.adapters / "active.json", {}) or {}
+        """Delete versions outside retention and stale temp folders (core/storage.py's rule)."""
+        pointer = await asyncio.to_thread(self.store.read_active)
         keep = set(self.reg.loaded) | set(pointer.get("recent", [])) | {self.reg.active, pointer.get("active")}
-        gone = await asyncio.to_thread(prune_adapters, self.layout.adapters, keep - {None},
-                                       self.engine_cfg.adapter_disk_retention)
+        gone = await asyncio.to_thread(self.store.prune, keep - {None}, self.engine_cfg.adapter_disk_retention)
         if gone:
             log.info("removed adapter folders outside retention: %s", ", ".join(gone))
 
     async def _reconcile(self) -> None:
-        """Follow `adapters/active.json` (another replica, or our previous life, may have moved it), and
+        """Follow the active pointer (another replica, or our previous life, may have moved it), and
         retry unloads that failed."""
         await self._retry_unloads()
-        pointer = self.layout.adapters / "active.json"
-        try:
-            mtime = pointer.stat().st_mtime
-        except FileNotFoundError:
+        token = await asyncio.to_thread(self.store.pointer_token)
+        if token is None or token == self._pointer_token:
             return
-        if mtime == self._pointer_mtime:
-            return
-        self._pointer_mtime = mtime
-        want = (read_json(pointer, {}) or {}).get("active")
+        self._pointer_token = token
+        want = (await asyncio.to_thread(self.store.read_active)).get("active")
         if want != self.reg.active:
             try:
                 await self.activate(want)
@@ -254,8 +251,9 @@ class PolicyEngineImpl:
 class PolicyEngine(PolicyEngineImpl):
     """Serve deployment; Serve awaits the async constructor before routing requests to it."""
 
-    async def __init__(self, model_path: str, model: dict, engine: dict, storage_root: str):
-        PolicyEngineImpl.__init__(self, model_path, model, engine, storage_root)
+    async def __init__(self, model_path: str, model: dict, engine: dict, storage_root: str,
+                       blob_root: str | None = None):
+        PolicyEngineImpl.__init__(self, model_path, model, engine, storage_root, blob_root)
         self.metrics = EngineMetrics("vllm")
         await self.start()
         self.metrics.adapters(self.reg.active, len(self.reg.loaded), swapped=False)

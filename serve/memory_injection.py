@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from core.config import MemoryConfig
+from core.db import DatabaseError
 from memory.budget import MESSAGE_OVERHEAD_TOKENS, TokenCounter, fit, make_counter, memory_budget, render
 from memory.ingest import DEFAULT_USER
+from memory.open import open_memory_store
 from memory.retrieval import MemorySearch
-from memory.sqlite_store import SqliteMemoryStore
 from memory.store import MemoryStore
 from memory.units import request_scopes, split_tenant
 from serve.injection import _text, add_to_system, last_user_text
@@ -66,16 +67,18 @@ class MemoryInjector:
         self.metrics: Any = None  # memory.metrics.ReadMetrics, set by the deployment (needs a Ray worker)
 
     @classmethod
-    def from_args(cls, args: dict[str, Any] | None, memory_dir: Path) -> MemoryInjector | None:
-        """From what the composition root binds (`memory_args` in cluster/serve_app.py); None = off."""
+    def from_args(cls, args: dict[str, Any] | None, memory_dir: Path,
+                  state: dict | None = None) -> MemoryInjector | None:
+        """From what the composition root binds (`memory_args` in cluster/serve_app.py, and the `state`
+        section: with `dsn` the store is PostgreSQL, memory/open.py); None = off."""
         if not args:
             return None
-        return cls.build(MemoryConfig.model_validate(args["config"]), memory_dir,
+        return cls.build(MemoryConfig.model_validate(args["config"]), memory_dir, state=state,
                          tokenizer_path=args.get("tokenizer_path"), max_model_len=int(args["max_model_len"]))
 
     @classmethod
     def build(cls, cfg: MemoryConfig, memory_dir: Path, *, tokenizer_path: str | None,
-              max_model_len: int) -> MemoryInjector | None:
+              max_model_len: int, state: dict | None = None) -> MemoryInjector | None:
         if not cfg.enabled:
             return None
         embedder = None
@@ -83,7 +86,7 @@ class MemoryInjector:
             from evolve.embedding import SentenceEmbedder  # the skills plane's offline MiniLM loader
 
             embedder = SentenceEmbedder(cfg.embedding_model)
-        search = MemorySearch(SqliteMemoryStore.open(memory_dir), cfg, embedder)
+        search = MemorySearch(open_memory_store(memory_dir, state), cfg, embedder)
         return cls(search, cfg, make_counter(tokenizer_path), max_model_len)
 
     def enable_metrics(self) -> None:
@@ -103,7 +106,7 @@ class MemoryInjector:
         """
         try:
             return await self._inject(body, anthropic, tenant, session_id, cap, mark)
-        except (sqlite3.Error, OSError) as e:
+        except (sqlite3.Error, DatabaseError, OSError) as e:
             log.warning("memory retrieval failed (%s: %s); serving without memory", type(e).__name__, e)
             return [], 0
 
@@ -135,7 +138,7 @@ class MemoryInjector:
 
 # ---- admin routes (serve/proxy.py) ------------------------------------------------------------------------
 async def run_admin(injector: MemoryInjector | None, fn: Callable[[MemoryStore, MemorySearch], Any]) -> Any:
-    """`fn(store, search)` off the event loop (it is blocking SQLite); AdminError(409) while memory is off."""
+    """`fn(store, search)` off the event loop (the store's calls block); AdminError(409) while memory is off."""
     from memory.admin import AdminError
 
     if injector is None:

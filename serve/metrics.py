@@ -1,5 +1,6 @@
 """Serving-plane metrics through `ray.util.metrics` (Ray's metrics agent exports them to Prometheus and
-the dashboard). Names: `clawray_proxy_*` (ingress) and `clawray_engine_*` (engine deployment).
+the dashboard). Names: `clawray_proxy_*` (ingress) and `clawray_engine_*` (engine deployment); the
+catalogue with labels and meanings is docs/metrics.md.
 
 Cheap on the hot path: metric objects are built once per replica; one request costs a counter increment
 and a histogram observation (each a buffered call into Ray's core worker, no I/O).
@@ -8,13 +9,15 @@ and a histogram observation (each a buffered call into Ray's core worker, no I/O
 from __future__ import annotations
 
 from core.contracts import parse_adapter_name
+from core.metrics import hold, zero_counter
 
 LATENCY_BOUNDARIES_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]
 
 
 class ProxyMetrics:
     """Requests by route and status, end-to-end latency by route, tokens, captured turns, and turns the
-    outbox moved to its dead letters (`clawray_proxy_dead_letters_total`; `clawray dlq list` shows them).
+    outbox moved to its dead letters (`clawray_proxy_dead_letters_total`, exported at 0 from the start;
+    `clawray dlq list` shows them).
 
     Counters are summed in the replica and handed to Ray once a second (`flush`, run by the Proxy's
     background loop): per request that leaves one histogram observation on the hot path.
@@ -32,9 +35,9 @@ class ProxyMetrics:
                               tag_keys=("kind",))
         self.turns = Counter("clawray_proxy_turns_total", "Captured turns by type (main, side).",
                              tag_keys=("turn_type",))
-        self.dead = Counter("clawray_proxy_dead_letters_total",
-                            "Turns that failed scoring proxy.max_delivery_attempts times and left the outbox "
-                            "as dead letters.")
+        self.dead = zero_counter(Counter(
+            "clawray_proxy_dead_letters_total",
+            "Turns that failed scoring proxy.max_delivery_attempts times and left the outbox as dead letters."))
         self._counts: dict[tuple, float] = {}  # (counter name, tag value(s)) -> pending increment
         self._dead_seen = 0  # the dispatcher's running total at the last call of `dead_letters`
 
@@ -72,7 +75,8 @@ class ProxyMetrics:
 
 
 class EngineMetrics:
-    """Active adapter version (0 = base model), requests in flight, loaded adapters, swaps."""
+    """Active adapter version (0 = base model), requests in flight, loaded adapters, swaps. The gauges are
+    held (core/metrics.py): set again while they hold, or Ray would drop them between requests."""
 
     def __init__(self, backend: str) -> None:
         from ray.util.metrics import Counter, Gauge
@@ -85,22 +89,22 @@ class EngineMetrics:
                               tag_keys=("backend",)).set_default_tags(tags)
         self.loaded = Gauge("clawray_engine_loaded_adapters", "LoRA adapter versions loaded.",
                             tag_keys=("backend",)).set_default_tags(tags)
-        self.swaps = Counter("clawray_engine_adapter_activations_total", "Adapter activations.",
-                             tag_keys=("backend",)).set_default_tags(tags)
+        self.swaps = zero_counter(Counter("clawray_engine_adapter_activations_total", "Adapter activations.",
+                                          tag_keys=("backend",)).set_default_tags(tags))
         self._inflight = 0
-        self.active.set(0)
-        self.inflight.set(0)
+        hold(self.active, 0)
+        hold(self.inflight, 0)
 
     def begin(self) -> None:
         self._inflight += 1
-        self.inflight.set(self._inflight)
+        hold(self.inflight, self._inflight)
 
     def end(self) -> None:
         self._inflight -= 1
-        self.inflight.set(self._inflight)
+        hold(self.inflight, self._inflight)
 
     def adapters(self, active: str | None, loaded: int, swapped: bool = True) -> None:
-        self.active.set(parse_adapter_name(active) if active else 0)
-        self.loaded.set(loaded)
+        hold(self.active, parse_adapter_name(active) if active else 0)
+        hold(self.loaded, loaded)
         if swapped:
             self.swaps.inc()

@@ -86,7 +86,7 @@ class ProxyImpl:
                                      retention_s=self.cfg.outbox_retention_s,
                                      max_failures=self.cfg.max_delivery_attempts)
         self.injector = SkillInjector.build(SkillsConfig.model_validate(skills), layout.skills)
-        self.memory = MemoryInjector.from_args(memory, layout.memory)  # None: memory off
+        self.memory = MemoryInjector.from_args(memory, layout.memory, state)  # None: memory off
         # Keys are read here, from the env vars the config names, so they never travel as arguments.
         self.api_key = os.environ.get(self.cfg.api_key_env) if self.cfg.api_key_env else None
         self.admin_key = os.environ.get(self.cfg.admin_key_env) or None

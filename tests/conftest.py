@@ -15,6 +15,9 @@ if str(REPO) not in sys.path:
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Ray fixes its auth mode when first imported and every process of a cluster must agree: the whole test
+# session runs with token auth, as `clawray start` does (cluster/cli.py), whichever module imports Ray first.
+os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +26,10 @@ def ray_cluster():
     import ray
 
     if not ray.is_initialized():
+        from tests.servers import S3_ENV
+
+        for k, v in S3_ENV.items():  # dummy keys: Ray workers reach the tests' S3 server (moto) with them
+            os.environ.setdefault(k, v)
         ray.init(
             address="local",  # our own cluster, never someone else's `ray start` on this machine
             num_cpus=8,  # logical CPUs: actors take fractions; the machine has 2 cores
@@ -132,11 +139,13 @@ def openai_client(serve_app):
     return openai.OpenAI(base_url=serve_app["base_url"] + "/v1", api_key="unused", max_retries=0)
 
 
-# The demo test runs first: it starts a cluster of its own (a subprocess), best before the suite's exists.
+# The demo test runs first: it starts a cluster of its own (a subprocess), best before the suite's exists;
+# so does the autoscaling test (a local multi-node cluster with its own vLLM engine).
 # Modules that run their own `Replay` actor (the production name, in namespace `clawray`) must run
 # before the session's whole-system fixture creates the system's `Replay`, and they free the name after.
 # The learning test runs right after: it measures the policy on an empty skill library.
-RUN_FIRST = ("tests/integration/test_demo.py", "tests/integration/test_train_job.py",
+RUN_FIRST = ("tests/integration/test_demo.py", "tests/integration/test_cluster_autoscaling.py",
+             "tests/integration/test_train_job.py",
              "tests/integration/test_invariant_support_query_overlap.py", "tests/integration/test_train_learning.py")
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import ray
 
+from core.metrics import hold, zero_counter
+
 NAMESPACE = "clawray"
 
 
@@ -30,9 +32,16 @@ class TrainControl:
         self._state = "idle"
         self._since = time.time()
         # Exported from here (one per run) so the dashboard shows training without Ray Train internals.
-        self._gauges = {k: metrics.Gauge(f"clawray_train_{k}", description=f"last GRPO step: {k}")
-                        for k in ("loss", "reward_mean", "step_s", "kl", "clip_frac", "tokens_trained")}
-        self._steps_total = metrics.Counter("clawray_train_steps", description="GRPO steps completed")
+        self._gauges = {  # the last step's values (train/step.py)
+            "loss": metrics.Gauge("clawray_train_loss", "Last GRPO step: loss."),
+            "reward_mean": metrics.Gauge("clawray_train_reward_mean", "Last GRPO step: mean reward of its batch."),
+            "step_s": metrics.Gauge("clawray_train_step_s", "Last GRPO step: seconds."),
+            "kl": metrics.Gauge("clawray_train_kl", "Last GRPO step: KL to the base model per token (0 unless "
+                                                   "train.kl_coef > 0)."),
+            "clip_frac": metrics.Gauge("clawray_train_clip_frac", "Last GRPO step: share of clipped tokens."),
+            "tokens_trained": metrics.Gauge("clawray_train_tokens_trained", "Last GRPO step: tokens trained on."),
+        }
+        self._steps_total = zero_counter(metrics.Counter("clawray_train_steps_total", "GRPO steps completed."))
 
     def reset(self) -> None:
         """Called when a run (re)starts: a stop asked of a previous window must not stop this one. Only
@@ -49,7 +58,7 @@ class TrainControl:
         self._steps.append(metrics)
         for k, g in self._gauges.items():
             if isinstance(metrics.get(k), int | float):
-                g.set(float(metrics[k]))
+                hold(g, float(metrics[k]))  # held: the last step's values stay exported after the run
         self._steps_total.inc()
 
     def set_state(self, state: str) -> None:

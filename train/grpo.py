@@ -11,7 +11,8 @@ Per step, as timed phases:
            worker drops its gradients, nothing is checkpointed or published, the lease is released
            (valid samples back to fresh) and the loop goes on; counted as `discarded_steps`.
   ckpt     `ray.train.report(metrics, checkpoint=...)`: adapter + optimizer state + step + lease id
-  publish  rank 0 writes `adapters/policy-vNNNN/` atomically and asks serving to load + activate it
+  publish  rank 0 writes `adapters/policy-vNNNN/` atomically (on object storage: uploads it and creates
+           its version record, core/adapter_store.py) and asks serving to load + activate it
   commit   rank 0 commits the lease: sealed samples become `trained`
 So no support sample, and none served under a generation older than the current one at the seal, ever
 contributes a gradient to a published adapter.
@@ -45,6 +46,7 @@ import ray.train.torch
 import torch
 import torch.distributed as dist
 
+from core.adapter_store import adapter_store
 from core.config import TrainConfig
 from core.contracts import Sample
 from core.storage import StorageLayout, atomic_write_json, read_json
@@ -123,7 +125,7 @@ class _Rank0:
         self.lease_s = float(config["lease_s"])
         self.replay = ray.get_actor(REPLAY_NAME, namespace=NAMESPACE)
         self.control = ray.get_actor(control_name(self.run_name), namespace=NAMESPACE)
-        self.storage = StorageLayout(Path(config["storage_root"]))
+        self.storage = StorageLayout(Path(config["storage_root"]), blob_root=config.get("blob_root"))
         self.log_path = step_log_path(self.storage, self.run_name)
         self.hook = (config.get("test_hooks") or {}).get("before_seal")
         self.discarded, self.refused = 0, ""  # discarded steps of this run; why the last seal failed
@@ -186,7 +188,7 @@ class _Rank0:
         generation = max(s.skill_generation for s in samples)
         scalars = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
         name, path = publish_adapter(
-            backend.peft_model, self.storage.adapters, base_model=state["base_model"],
+            backend.peft_model, adapter_store(self.storage), base_model=state["base_model"],
             lora=self.cfg.lora, step=state["step"], skill_generation=generation, metrics=scalars,
         )
         swapped = notify_serving(name, path) if state["notify_serving"] else False

@@ -7,9 +7,10 @@ variable from the driver to the Train controller and workers when it is set expl
 job runs V2; a cluster started with `RAY_TRAIN_V2_ENABLED=0` in its env must be restarted without it.
 
 One trainer at a time: every run (the Controller's windows, `rl` and manual runs, this CLI) holds the
-storage root's run lock (train/run_lock.py) while it trains. A second start is refused with "a training
-run is already running since …" naming the holder (this CLI then exits 2); a lock left by a killed
-holder is taken over once that holder's Ray Train actors are gone.
+run lock (train/run_lock.py: the storage root's, or with `state.dsn` the state database's) while it
+trains. A second start is refused with "a training run is already running since …" naming the holder
+(this CLI then exits 2); a lock left by a killed holder is taken over once that holder's Ray Train
+actors are gone.
 
     python -m train.job --config configs/local.yaml --steps 4 [--run-name grpo]
 """
@@ -32,12 +33,13 @@ from typing import Any  # noqa: E402
 
 import ray  # noqa: E402
 
-from core.config import TrainConfig  # noqa: E402
+from core.blobs import checkpoint_storage, endpoint_env  # noqa: E402
+from core.config import StateConfig, TrainConfig  # noqa: E402
 from core.storage import StorageLayout  # noqa: E402
 from train.control import NAMESPACE, get_control  # noqa: E402
 from train.grpo import discard_log_path, step_log_path, train_loop_per_worker  # noqa: E402
 from train.replay import NAME as REPLAY_NAME  # noqa: E402
-from train.run_lock import Holding, RunLease, RunLockBusy, run_lock_for  # noqa: E402
+from train.run_lock import Holding, RunLease, RunLockBusy, acquire_run_lock  # noqa: E402
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -82,17 +84,23 @@ def build_trainer(cfg: TrainConfig, *, model_path: str, storage: StorageLayout, 
     from ray.train.torch import TorchConfig, TorchTrainer
 
     workers = cfg.num_workers if isinstance(cfg.num_workers, int) else tuple(cfg.num_workers)
-    scaling = ScalingConfig(
-        num_workers=workers, use_gpu=cfg.use_gpu, resources_per_worker={"CPU": cfg.cpus_per_worker}
-    )
+    # The same bundle the Controller asks the autoscaler for (TrainConfig.worker_bundle).
+    scaling = ScalingConfig(num_workers=workers, use_gpu=cfg.use_gpu, resources_per_worker=cfg.worker_bundle())
+    # Checkpoints go where the storage root is: its local folder, or its bucket (`storage_root: s3://`)
+    # through a filesystem that reaches the same endpoint as the blobs (core/blobs.py).
+    storage_path, storage_fs = checkpoint_storage(storage)
     run = RunConfig(
         name=run_name,
-        storage_path=str(storage.checkpoints),
+        storage_path=storage_path,
+        storage_filesystem=storage_fs,
+        # Workers (rank 0 publishes adapters there too) reach the bucket through the driver's endpoint.
+        worker_runtime_env={"env_vars": endpoint_env()} if storage.blob_root else None,
         failure_config=FailureConfig(max_failures=max_failures),
         checkpoint_config=CheckpointConfig(num_to_keep=2),  # resume needs only the latest
     )
     loop_config = {
         "train": cfg.model_dump(mode="json"), "model_path": model_path, "storage_root": str(storage.root),
+        "blob_root": storage.blob_root,
         "run_name": run_name, "max_steps": max_steps, "lease_s": lease_s, "notify_serving": notify_serving,
         "test_hooks": dict(test_hooks or {}),
     }
@@ -112,10 +120,11 @@ def _read_steps(path: Path, since: int) -> list[dict[str, Any]]:
     return [json.loads(x) for x in lines[since:] if x.strip()]
 
 
-def take_run_lock(storage: StorageLayout, holder: str) -> RunLease:
-    """Take the storage root's run lock (train/run_lock.py) for `holder`, or raise `RunLockBusy`."""
+def take_run_lock(storage: StorageLayout, holder: str, state: StateConfig | dict | None = None) -> RunLease:
+    """Take the run lock (train/run_lock.py) for `holder`, or raise `RunLockBusy`: the storage root's, or
+    with `state.dsn` the state database's, which every host shares."""
     info = {"ray_job": ray.get_runtime_context().get_job_id()} if ray.is_initialized() else {}
-    return run_lock_for(storage).acquire(holder, info=info)
+    return acquire_run_lock(storage, holder, state, info=info)
 
 
 def _live_train_actors(holding: Holding) -> list[str]:
@@ -164,7 +173,7 @@ def _require_replay() -> None:
 def run_training(cfg: TrainConfig, *, model_path: str, storage: StorageLayout, max_steps: int | None = None,
                  run_name: str = "grpo", lease_s: float = 600.0, notify_serving: bool = True,
                  control=None, test_hooks: dict[str, str] | None = None, lease: RunLease | None = None,
-                 holder: str = "python -m train.job") -> TrainResult:
+                 holder: str = "python -m train.job", state: StateConfig | dict | None = None) -> TrainResult:
     """Train until stopped, out of fresh samples, or `max_steps` (default `cfg.max_steps_per_window`).
 
     Needs `ray.init` done and the `Replay` actor running. Re-running with the same `run_name` and
@@ -176,10 +185,10 @@ def run_training(cfg: TrainConfig, *, model_path: str, storage: StorageLayout, m
     lease. That is what makes the recovery every run starts with (rank 0 releases every open lease
     owned by `run_name`) safe: the only other leases under that name are a dead run's. `lease`: the lock,
     already taken by the caller (`TrainJob.start`, so a refused start is answered at once); it is given
-    back here either way.
+    back here either way. `state`: the config's `state` section (where the run lock lives).
     """
     storage.ensure()
-    lease = lease or take_run_lock(storage, f"{holder} (run {run_name!r})")
+    lease = lease or take_run_lock(storage, f"{holder} (run {run_name!r})", state)
     try:
         _require_replay()
         await_previous_run_gone(lease.previous)
@@ -229,9 +238,11 @@ class TrainJob:
 
     def __init__(self, cfg: TrainConfig, *, model_path: str, storage: StorageLayout,
                  run_name: str = "grpo", max_steps: int | None = None, lease_s: float = 600.0,
-                 notify_serving: bool = True, holder: str = "TrainJob") -> None:
+                 notify_serving: bool = True, holder: str = "TrainJob",
+                 state: StateConfig | dict | None = None) -> None:
         self._kwargs = dict(model_path=model_path, storage=storage, max_steps=max_steps, run_name=run_name,
                             lease_s=lease_s, notify_serving=notify_serving)
+        self._state = state
         self._cfg, self.run_name = cfg, run_name
         self._holder = f"{holder} (run {run_name!r})"
         self._thread: threading.Thread | None = None
@@ -241,7 +252,7 @@ class TrainJob:
     def start(self) -> None:
         """Take the run lock, then start the run in a thread. Raises `RunLockBusy` while any run holds the
         lock (this job's own run included), before touching the run's control actor."""
-        lease = take_run_lock(self._kwargs["storage"], self._holder)
+        lease = take_run_lock(self._kwargs["storage"], self._holder, self._state)
         try:
             self._control = get_control(self.run_name)
             ray.get(self._control.reset.remote())  # before the thread: a stop requested now must count
@@ -303,13 +314,15 @@ def main(argv: list[str] | None = None) -> int:
         include_dashboard=cfg.ray.include_dashboard,
         runtime_env={"env_vars": {"PYTHONPATH": str(REPO_ROOT)}},  # workers import core/ and train/
     )
-    storage = StorageLayout(cfg.storage_path()).ensure()
-    replay = get_or_create_replay(cfg.replay, storage)  # keep the handle: the actor lives while it is held
+    storage = StorageLayout(cfg.storage_path(), blob_root=cfg.blob_root()).ensure()
+    # Keep the handle: the actor lives while it is held.
+    replay = get_or_create_replay(cfg.replay, storage, state=cfg.state.model_dump())
     ray.get(replay.stats.remote())
     try:
         result = run_training(
             cfg.train, model_path=cfg.model_path(), storage=storage, max_steps=args.steps,
             run_name=args.run_name, lease_s=cfg.replay.lease_timeout_s, notify_serving=not args.no_serve,
+            state=cfg.state,
         )
     except RunLockBusy as e:
         print(f"error: {e}", file=sys.stderr)

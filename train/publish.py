@@ -7,6 +7,10 @@ Temp folders that a crashed publish left behind are removed by the next publish 
 (core/storage.py `TMP_GRACE_S`); old versions are removed by the serving side, which knows what it
 serves (serve/engine.py). Every version gets a new name (DESIGN.md "Adapter": vLLM and Ray Serve LLM
 cache adapters by name).
+
+On object storage (`storage_root: s3://...`) nothing can be renamed: the adapter is saved to a local temp
+folder, uploaded under a unique key and published by a create-only version record
+(core/adapter_store.py `RemoteAdapters.publish`); serving is told the URI of the uploaded files.
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
 import uuid
 from pathlib import Path
 
+from core.adapter_store import LocalAdapters, RemoteAdapters
 from core.config import LoRAConfig
 from core.contracts import AdapterManifest, adapter_name, parse_adapter_name
 from core.storage import TMP_PREFIX, atomic_write_json, remove_stale_temps, rename_durably
@@ -48,19 +54,37 @@ def _fsync_tree(root: Path) -> None:
 
 def publish_adapter(
     peft_model,
-    adapters_dir: Path,
+    adapters: Path | LocalAdapters | RemoteAdapters,
     *,
     base_model: str,
     lora: LoRAConfig,
     step: int,
     skill_generation: int,
     metrics: dict[str, float],
-) -> tuple[str, Path]:
-    """Save `peft_model`'s adapter as the next version. Returns (name, folder).
+) -> tuple[str, Path | str]:
+    """Save `peft_model`'s adapter as the next version of `adapters` (a folder, or core/adapter_store.py
+    `adapter_store(layout)`). Returns (name, its folder, or the URI of its files on object storage).
 
-    Single writer (rank 0 of the one training run); if a folder of the chosen name appears anyway the
-    rename fails and the next number is tried, so a version is never overwritten.
+    Single writer (rank 0 of the one training run); if a version of the chosen number appears anyway
+    (a folder renamed there first, a record created first), the next number is tried, so a version is
+    never overwritten.
     """
+
+    def manifest(version: int, name: str) -> dict:
+        return AdapterManifest(
+            name=name, version=version, base_model=base_model, rank=lora.rank, alpha=lora.alpha,
+            target_modules=list(lora.target_modules), step=step, skill_generation=skill_generation,
+            metrics={k: float(v) for k, v in metrics.items()},
+        ).model_dump(mode="json")
+
+    if isinstance(adapters, RemoteAdapters):
+        with tempfile.TemporaryDirectory(prefix="clawray-adapter-") as tmp:
+            peft_model.save_pretrained(tmp)
+            return adapters.publish(Path(tmp), manifest)
+    return _publish_local(peft_model, adapters.dir if isinstance(adapters, LocalAdapters) else adapters, manifest)
+
+
+def _publish_local(peft_model, adapters_dir: Path, manifest) -> tuple[str, Path]:
     adapters_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(adapters_dir)  # what a publish that crashed before its rename left behind
     tmp = adapters_dir / f"{TMP_PREFIX}{uuid.uuid4().hex}"
@@ -69,12 +93,7 @@ def publish_adapter(
         for _ in range(100):
             version = latest_version(adapters_dir) + 1
             name = adapter_name(version)
-            manifest = AdapterManifest(
-                name=name, version=version, base_model=base_model, rank=lora.rank, alpha=lora.alpha,
-                target_modules=list(lora.target_modules), step=step, skill_generation=skill_generation,
-                metrics={k: float(v) for k, v in metrics.items()},
-            )
-            atomic_write_json(tmp / "manifest.json", manifest.model_dump(mode="json"))
+            atomic_write_json(tmp / "manifest.json", manifest(version, name))
             _fsync_tree(tmp)
             final = adapters_dir / name
             try:
@@ -89,8 +108,9 @@ def publish_adapter(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def notify_serving(name: str, path: Path, timeout_s: float = 120.0) -> bool:
-    """Ask the `PolicyEngine` deployment of the `clawray` Serve app to load and activate `name`.
+def notify_serving(name: str, path: Path | str, timeout_s: float = 120.0) -> bool:
+    """Ask the `PolicyEngine` deployment of the `clawray` Serve app to load and activate `name` (`path`:
+    what `publish_adapter` returned; the engine checks it against its own storage root).
 
     Returns False (with a log line) when no Serve app is running: offline training just publishes.
     Errors from a running engine are logged and reported as False; the published adapter stays on disk

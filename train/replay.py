@@ -1,7 +1,8 @@
 """`Replay`: the named Ray actor that owns the replay store (thin wrapper around `ReplayStore`).
 
 Name `Replay`, namespace `clawray`, restarted forever (`max_restarts=-1`): the store is durable, so a
-restarted actor reopens the same SQLite file and loses nothing that was acknowledged. Calls are retried
+restarted actor reopens the same buffer (the SQLite file under the storage root's `replay/`, or the
+PostgreSQL schema when `state.dsn` is set) and loses nothing that was acknowledged. Calls are retried
 after a restart: `append` is idempotent (sample ids), a retried `lease` at worst leaves one orphan lease
 that expires and is re-delivered, a retried `begin_evolution` one orphan fence that refuses seals until
 it expires (`evolve.loop.fence_ttl_s`).
@@ -24,8 +25,9 @@ from typing import Any
 import ray
 from ray.util.metrics import Gauge
 
-from core.config import ReplayConfig
+from core.config import ReplayConfig, StateConfig
 from core.contracts import Sample
+from core.metrics import hold
 from core.storage import StorageLayout
 from train.replay_store import STATES, ReplayStore
 
@@ -37,8 +39,10 @@ EXPORT_EVERY_S = 5.0  # stats() walks an index: throttle the gauges instead of u
 
 @ray.remote(num_cpus=0.1, max_restarts=-1, max_task_retries=3)
 class Replay:
-    def __init__(self, cfg: ReplayConfig, root: str) -> None:
-        self._store = ReplayStore(Path(root) / DB_FILE, default_lease_s=cfg.lease_timeout_s)
+    def __init__(self, cfg: ReplayConfig, root: str, state: dict | None = None,
+                 storage_root: str | None = None) -> None:
+        self._store = ReplayStore(Path(root) / DB_FILE, default_lease_s=cfg.lease_timeout_s, state=state,
+                                  storage_root=Path(storage_root) if storage_root else None)
         self._gauges = {
             "samples": Gauge("clawray_replay_samples", "replay samples by state", tag_keys=("state",)),
             "current": Gauge(
@@ -59,13 +63,13 @@ class Replay:
         self._exported = time.monotonic()
         st = self._store.stats()
         current = st["by_generation"].get(str(st["generation"]), {})
-        for state in STATES:
-            self._gauges["samples"].set(st["by_state"].get(state, 0), tags={"state": state})
-            self._gauges["current"].set(current.get(state, 0), tags={"state": state})
-        self._gauges["stale"].set(st["by_state"]["retired"])
-        self._gauges["generation"].set(st["generation"])
-        self._gauges["age"].set(st["oldest_fresh_age_s"] or 0.0)
-        self._gauges["dead"].set(st["dead_letters"])
+        for state in STATES:  # held (core/metrics.py): set again between calls, or Ray drops them
+            hold(self._gauges["samples"], st["by_state"].get(state, 0), {"state": state})
+            hold(self._gauges["current"], current.get(state, 0), {"state": state})
+        hold(self._gauges["stale"], st["by_state"]["retired"])
+        hold(self._gauges["generation"], st["generation"])
+        hold(self._gauges["age"], st["oldest_fresh_age_s"] or 0.0)
+        hold(self._gauges["dead"], st["dead_letters"])
         return st
 
     def append(self, samples: list[Sample]) -> int:
@@ -139,16 +143,19 @@ class Replay:
         return self._export(force=True)
 
 
-def get_or_create_replay(cfg: ReplayConfig, storage: StorageLayout, *, detached: bool = False):
-    """The `Replay` actor handle, created under `storage.replay` if it does not exist yet.
+def get_or_create_replay(cfg: ReplayConfig, storage: StorageLayout, *, detached: bool = False,
+                         state: StateConfig | dict | None = None):
+    """The `Replay` actor handle, created if it does not exist yet: its buffer in `state` (the config's
+    `state` section; none or no dsn = the SQLite file under `storage.replay`, checked against the storage
+    root by core.state.check_embedded).
 
     `detached=True` lets it outlive the creating process (a CLI that wires a long-lived cluster).
     """
-    storage.replay.mkdir(parents=True, exist_ok=True)
     opts: dict[str, Any] = {"name": NAME, "namespace": NAMESPACE, "get_if_exists": True}
     if detached:
         opts["lifetime"] = "detached"
-    return Replay.options(**opts).remote(cfg, str(storage.replay))
+    state = state.model_dump() if isinstance(state, StateConfig) else state
+    return Replay.options(**opts).remote(cfg, str(storage.replay), state=state, storage_root=str(storage.root))
 
 
 def get_replay():

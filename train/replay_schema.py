@@ -1,13 +1,19 @@
-"""The replay buffer's SQLite schema, its migration and its transaction helper (train/replay_store.py).
+"""The replay buffer's schema and its migration (train/replay_store.py), on either backend (core/db.py).
 
-Opening a buffer written by an older version adds what it lacks (the GRPO group columns) in place.
+The DDL is written for SQLite and translated for PostgreSQL by `core.db`. Opening a buffer written by an
+older version adds what it lacks (the GRPO group columns) in place. `open_replay_db` is the one way to
+open it (the Replay actor, `clawray dlq`, the demo's audit view and `clawray state migrate` share it).
 """
 
 from __future__ import annotations
 
-import sqlite3
-import threading
 from pathlib import Path
+
+from core.config import StateConfig
+from core.db import Database
+from core.state import open_database
+
+STORE = "replay"  # PostgreSQL schema `<namespace>_replay`
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS samples (
@@ -51,7 +57,13 @@ CREATE TABLE IF NOT EXISTS dead_letters (
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-_GROUP_COLUMNS = {"group_id": "TEXT", "group_size": "INTEGER NOT NULL DEFAULT 1"}
+ADDED_COLUMNS = {"samples": (("group_id", "TEXT"), ("group_size", "INTEGER NOT NULL DEFAULT 1"))}
+# After ADDED_COLUMNS (an older SQLite file has no group_id until then).
+_GROUP_INDEX = "CREATE INDEX IF NOT EXISTS ix_group ON samples(group_id) WHERE group_id IS NOT NULL;"
+# PostgreSQL only: a B-tree on (state, generation) does not also order by seq (SQLite's index holds the
+# rowid = seq), so the lease's ORDER BY seq LIMIT would sort every fresh row; this partial index gives
+# the oldest fresh rows of a generation in order, O(batch) as on SQLite.
+_PG_LEASE_INDEX = "CREATE INDEX IF NOT EXISTS ix_fresh_seq ON samples(generation, seq) WHERE state = 'fresh';"
 
 LEASE_SQL = (
     "SELECT seq, sample_id, group_id, group_size, payload FROM samples "
@@ -59,43 +71,14 @@ LEASE_SQL = (
 )
 
 
-def open_db(path: Path) -> sqlite3.Connection:
-    """Open (creating or migrating) the buffer at `path`: WAL, `synchronous=FULL` (ack == durable)."""
-    # isolation_level=None: we issue BEGIN/COMMIT ourselves so every call is one explicit transaction.
-    db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=FULL")  # fsync the WAL on every commit: ack == durable
-    db.execute("PRAGMA busy_timeout=5000")
-    db.executescript(_SCHEMA)
-    have = {r[1] for r in db.execute("PRAGMA table_info(samples)")}
-    for col, decl in _GROUP_COLUMNS.items():  # a buffer written before groups were leased whole
-        if col not in have:
-            db.execute(f"ALTER TABLE samples ADD COLUMN {col} {decl}")
-    db.execute("CREATE INDEX IF NOT EXISTS ix_group ON samples(group_id) WHERE group_id IS NOT NULL")
+def open_replay_db(path: Path, state: StateConfig | dict | None = None,
+                   storage_root: Path | None = None) -> Database:
+    """Open (creating or migrating) the buffer: the SQLite file `path` with `synchronous=FULL` (fsync on
+    every commit: ack == durable) when `state` has no dsn, else schema `<namespace>_replay` in PostgreSQL
+    (acknowledged commits are durable there by default). `storage_root` (SQLite): refused on a network
+    file system or when another host owns it (core.state.check_embedded)."""
+    cfg = StateConfig.model_validate(state) if isinstance(state, dict) else state
+    db = open_database(cfg, Path(path), STORE, synchronous="FULL", storage_root=storage_root)
+    db.schema(_SCHEMA, ADDED_COLUMNS)
+    db.schema(_GROUP_INDEX + (_PG_LEASE_INDEX if db.dialect == "postgresql" else ""))
     return db
-
-
-class Tx:
-    """`with store._tx():` = lock + BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error)."""
-
-    def __init__(self, db: sqlite3.Connection, lock: threading.Lock, on_rollback) -> None:
-        self._db, self._lock, self._on_rollback = db, lock, on_rollback
-
-    def __enter__(self) -> Tx:
-        self._lock.acquire()
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-        except BaseException:
-            self._lock.release()
-            raise
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            if exc_type is None:
-                self._db.execute("COMMIT")
-            else:
-                self._db.execute("ROLLBACK")
-                self._on_rollback()
-        finally:
-            self._lock.release()

@@ -1,8 +1,20 @@
 """The durable, generation-filtered replay buffer (DESIGN.md invariants "nothing lost", "support/query").
 
-SQLite in WAL mode with `synchronous=FULL`: `append` returns only after its transaction is committed and
-fsynced, so an acknowledged sample survives a process kill (and a power cut). One row per sample; the
-full `Sample` is kept as JSON (token ids and engine logprobs exactly as captured, never re-tokenized).
+Backends (core/db.py, config `state:`): a SQLite file in WAL mode with `synchronous=FULL` (the embedded
+default), or schema `<namespace>_replay` in PostgreSQL (`state.dsn`). `append` returns only after its
+transaction is committed (SQLite: and fsynced), so an acknowledged sample survives a process kill (and a
+power cut). One row per sample; the full `Sample` is kept as JSON (token ids and engine logprobs exactly
+as captured, never re-tokenized).
+
+Several writers. The invariants below were proven under SQLite's single writer. On PostgreSQL, several
+processes may write the same buffer (a second Replay after a failover, `clawray dlq`, a migration), so
+EVERY write transaction takes the store lock (`db.tx(STORE_LOCK)`, a transaction-scoped advisory lock):
+writes are serialised exactly as on SQLite, and under READ COMMITTED each statement sees every write
+committed before the lock was granted. The lease's SELECT also carries `FOR UPDATE SKIP LOCKED`: the rows
+it picks stay locked until the lease commits, against any writer outside the store lock. Every write
+reads the current generation from `meta` inside its transaction (train/replay_tx.py), never from a
+value cached by this process, which another process may have moved on. Reads (`states`, `stats`,
+`dead_letters`) take no lock.
 
 States (core.contracts.SampleState):
     fresh    trainable, not yet trained, served under some generation (leased only if it is current)
@@ -34,144 +46,75 @@ order, and a group larger than the batch is leased alone.
 
 The current generation is monotonic: `set_generation(g)` and any appended sample of a newer generation
 (a sample served under g proves generation g exists) move it forward and retire older fresh samples.
-Leasing is O(batch): the index on (state, generation) also orders by the rowid (= arrival seq), so the
-oldest fresh samples of the current generation come straight off the index (tests check the query plan);
-a lease looks at most `scan_limit(batch_size)` rows (incomplete groups at the head are skipped).
+Leasing is O(batch): on SQLite the index on (state, generation) also orders by the rowid (= arrival
+seq), on PostgreSQL a partial index on (generation, seq) of the fresh rows does, so the oldest fresh
+samples of the current generation come straight off an index (tests check both query plans); a lease
+looks at most `scan_limit(batch_size)` rows (incomplete groups at the head are skipped).
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
+from core.config import StateConfig
 from core.contracts import Sample, SampleState
-from train.replay_schema import LEASE_SQL, Tx, open_db
+from core.db import STORE_LOCK
+from train.replay_schema import LEASE_SQL, open_replay_db
+from train.replay_tx import CLAIMABLE, ReplayTx, marks, read_generation
 
 STATES: tuple[SampleState, ...] = (
     "fresh", "leased", "sealed", "trained", "retired", "support", "masked", "dead")
-CLAIMABLE = ("fresh", "leased", "retired", "masked")  # what an evolution may turn into support
 FENCE_KEEP_S = 86_400.0  # expired fences are kept this long (end_evolution may still come), then pruned
 
 
-def scan_limit(batch_size: int) -> int:
-    """Rows a lease looks at: enough to skip incomplete groups at the head of the queue, still O(batch)."""
-    return 4 * batch_size + 256
-
-
-def _marks(n: int) -> str:
-    return ",".join("?" * n)
-
-
 class ReplayStore:
-    """Durable replay buffer in one SQLite file. Thread-safe (one connection behind a lock)."""
+    """Durable replay buffer: the SQLite file `path`, or PostgreSQL when `state` has a dsn (`path` is then
+    unused). Thread-safe; several processes may share a PostgreSQL buffer (module docstring)."""
 
-    def __init__(self, path: str | Path, default_lease_s: float = 600.0) -> None:
+    def __init__(self, path: str | Path, default_lease_s: float = 600.0, *,
+                 state: StateConfig | dict | None = None, storage_root: Path | None = None) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.default_lease_s = default_lease_s
-        self._lock = threading.Lock()
-        self._db = open_db(self.path)
-        self._generation = int(self._meta("generation", "0"))
+        self._db = open_replay_db(self.path, state, storage_root)
+        self._lease_sql = LEASE_SQL + self._db.skip_locked
 
-    # ------------------------------------------------------------------ helpers
-    def _meta(self, key: str, default: str) -> str:
-        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else default
+    @property
+    def backend(self) -> str:
+        return self._db.describe()
 
-    def _tx(self) -> Tx:
-        return Tx(self._db, self._lock, self._reload)
-
-    def _reload(self) -> None:
-        """After a rollback: the cached generation may have moved inside the failed transaction."""
-        self._generation = int(self._meta("generation", "0"))
-
-    def _retire_older(self, generation: int, now: float) -> int:
-        cur = self._db.execute(
-            "UPDATE samples SET state = 'retired', updated_at = ? WHERE state = 'fresh' AND generation < ?",
-            (now, generation),
-        )
-        return cur.rowcount
-
-    def _advance(self, generation: int, now: float) -> int:
-        """Inside a transaction: move the current generation forward; returns samples retired."""
-        if generation <= self._generation:
-            return 0
-        self._db.execute(
-            "INSERT INTO meta(key, value) VALUES('generation', ?) "
-            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            (str(generation),),
-        )
-        self._generation = generation
-        return self._retire_older(generation, now)
-
-    def _arrival_state(self, s: Sample) -> SampleState:
-        """Where a sample belongs when it arrives (or comes back from support / the dead letters)."""
-        if not s.trainable and (s.group_id is None or s.group_size <= 1):  # a group member stays leasable
-            return "masked"
-        return "retired" if s.skill_generation < self._generation else "fresh"
-
-    def _fence_pending(self, now: float) -> bool:
-        return self._db.execute("SELECT 1 FROM fences WHERE expires_at > ? LIMIT 1", (now,)).fetchone() is not None
-
-    def _ids_where(self, ids: Sequence[str], states: Sequence[str]) -> list[str]:
-        """Sample ids (matched by sample_id or turn_id) whose state is one of `states`, in `ids` order."""
-        rows = self._db.execute(
-            f"SELECT sample_id, turn_id FROM samples WHERE state IN ({_marks(len(states))}) "
-            f"AND (sample_id IN ({_marks(len(ids))}) OR turn_id IN ({_marks(len(ids))}))",
-            (*states, *ids, *ids),
-        ).fetchall()
-        order = {x: i for i, x in enumerate(ids)}
-        rows.sort(key=lambda r: order.get(r[0], order.get(r[1], 0)))
-        return [r[0] for r in rows]
-
-    def _set_state(self, sample_ids: Sequence[str], state: str, now: float) -> int:
-        return self._db.execute(
-            f"UPDATE samples SET state = ?, lease_id = NULL, lease_expires = NULL, updated_at = ? "
-            f"WHERE sample_id IN ({_marks(len(sample_ids))})",
-            (state, now, *sample_ids),
-        ).rowcount
-
-    def _restore(self, sample_ids: Sequence[str], now: float) -> int:
-        """Support or dead rows go back to where they would be now (fresh, retired or masked)."""
-        for sid, payload in self._db.execute(
-            f"SELECT sample_id, payload FROM samples WHERE sample_id IN ({_marks(len(sample_ids))})",
-            tuple(sample_ids),
-        ).fetchall():
-            self._set_state([sid], self._arrival_state(Sample.model_validate_json(payload)), now)
-        return len(sample_ids)
+    @contextmanager
+    def _tx(self, now: float | None = None) -> Iterator[ReplayTx]:
+        """One write transaction under the store lock, seeing the generation as committed."""
+        with self._db.tx(STORE_LOCK) as c:
+            yield ReplayTx(c, time.time() if now is None else now, self._lease_sql)
 
     # ------------------------------------------------------------------ writes
     def append(self, samples: Iterable[Sample]) -> int:
         """Store `samples` durably; returns how many were new (a re-sent sample_id is ignored).
 
-        Returns only after the transaction is committed and fsynced: the caller may then acknowledge.
+        Returns only after the transaction is committed (and, on SQLite, fsynced): the caller may then
+        acknowledge.
         """
         samples = list(samples)
-        now = time.time()
-        with self._tx():
-            newest = max((s.skill_generation for s in samples), default=-1)
-            self._advance(newest, now)
-            added = 0
-            for s in samples:
-                added += self._db.execute(
-                    "INSERT OR IGNORE INTO samples(sample_id, turn_id, state, generation, created_at, "
-                    "updated_at, payload, group_id, group_size) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (s.sample_id, s.turn_id, self._arrival_state(s), s.skill_generation,
-                     s.created_at, now, s.model_dump_json(), s.group_id, s.group_size),
-                ).rowcount
-        return added
+        with self._tx() as t:
+            t.advance(max((s.skill_generation for s in samples), default=-1))
+            return t.c.executemany(
+                "INSERT INTO samples(sample_id, turn_id, state, generation, created_at, updated_at, payload, "
+                "group_id, group_size) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (sample_id) DO NOTHING",
+                [(s.sample_id, s.turn_id, t.arrival_state(s), s.skill_generation, s.created_at, t.now,
+                  s.model_dump_json(), s.group_id, s.group_size) for s in samples],
+            ).rowcount
 
     def set_generation(self, generation: int) -> int:
         """Make `generation` current (monotonic; lower values are ignored). Returns samples retired."""
-        with self._tx():
-            return self._advance(generation, time.time())
+        with self._tx() as t:
+            return t.advance(generation)
 
     def mark_support(self, ids: Sequence[str]) -> int:
         """Mark samples (by sample_id or turn_id) as support outside an evolution fence (tests, tools).
@@ -179,8 +122,8 @@ class ReplayStore:
         ids = list(ids)
         if not ids:
             return 0
-        with self._tx():
-            return self._set_state(self._ids_where(ids, CLAIMABLE), "support", time.time())
+        with self._tx() as t:
+            return t.set_state(t.ids_where(ids, CLAIMABLE), "support")
 
     # ------------------------------------------------------------------ evolution fence
     def begin_evolution(self, ids: Sequence[str], ttl_s: float) -> tuple[str, list[str]]:
@@ -190,16 +133,16 @@ class ReplayStore:
         Trained or sealed samples cannot be claimed (a committed step cannot be undone), nor dead ones;
         a leased one loses its lease, so the step holding it cannot seal.
         """
-        ids, now = list(ids), time.time()
-        token = uuid.uuid4().hex
-        with self._tx():
-            self._db.execute("DELETE FROM fences WHERE expires_at < ?", (now - FENCE_KEEP_S,))
-            newly = self._ids_where(ids, CLAIMABLE) if ids else []
-            claimed = self._ids_where(ids, (*CLAIMABLE, "support")) if ids else []
+        ids, token = list(ids), uuid.uuid4().hex
+        with self._tx() as t:
+            t.c.execute("DELETE FROM fences WHERE expires_at < ?", (t.now - FENCE_KEEP_S,))
+            newly = t.ids_where(ids, CLAIMABLE)
+            claimed = t.ids_where(ids, (*CLAIMABLE, "support"))
             if newly:
-                self._set_state(newly, "support", now)
-            self._db.execute("INSERT INTO fences(token, created_at, expires_at, claimed) VALUES(?, ?, ?, ?)",
-                             (token, now, now + ttl_s, json.dumps(newly)))
+                t.set_state(newly, "support")
+            # Only what THIS evolution turned into support may be handed back by it (end_evolution).
+            t.c.execute("INSERT INTO fences(token, created_at, expires_at, claimed) VALUES(?, ?, ?, ?)",
+                        (token, t.now, t.now + ttl_s, json.dumps(newly)))
         return token, claimed
 
     def end_evolution(self, token: str, new_generation: int | None, release_ids: Sequence[str] = ()) -> dict:
@@ -208,16 +151,13 @@ class ReplayStore:
 
         Returns {"retired", "released", "found"} (found: whether the fence still existed).
         """
-        now = time.time()
-        with self._tx():
-            row = self._db.execute("SELECT claimed FROM fences WHERE token = ?", (token,)).fetchone()
-            retired = self._advance(new_generation, now) if new_generation is not None else 0
-            mine = set(json.loads(row[0])) if row else set()
-            back = [i for i in dict.fromkeys(release_ids) if i in mine]
-            back = self._ids_where(back, ("support",)) if back else []
-            released = self._restore(back, now) if back else 0
-            self._db.execute("DELETE FROM fences WHERE token = ?", (token,))
-        return {"retired": retired, "released": released, "found": row is not None}
+        with self._tx() as t:
+            mine = t.fence_claims(token)
+            retired = t.advance(new_generation) if new_generation is not None else 0
+            back = t.ids_where([i for i in dict.fromkeys(release_ids) if i in (mine or ())], ("support",))
+            released = t.restore(back)
+            t.c.execute("DELETE FROM fences WHERE token = ?", (token,))
+        return {"retired": retired, "released": released, "found": mine is not None}
 
     # ------------------------------------------------------------------ leases
     def lease(
@@ -231,178 +171,87 @@ class ReplayStore:
         """
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
-        now = time.time()
-        expires = now + (self.default_lease_s if lease_s is None else lease_s)
-        with self._tx():
-            self._release_expired(now)
-            picked = self._pick(batch_size, now)
+        with self._tx() as t:
+            expires = t.now + (self.default_lease_s if lease_s is None else lease_s)
+            t.release_expired()
+            picked = t.pick(batch_size)
             if not picked or len(picked) < max(1, min_size):
                 return None, []
             lease_id = uuid.uuid4().hex
             seqs = [seq for seq, _ in picked]
-            self._db.execute(
+            t.c.execute(
                 f"UPDATE samples SET state = 'leased', lease_id = ?, lease_expires = ?, updated_at = ? "
-                f"WHERE seq IN ({_marks(len(seqs))})",
-                (lease_id, expires, now, *seqs),
+                f"WHERE seq IN ({marks(len(seqs))})",
+                (lease_id, expires, t.now, *seqs),
             )
-            self._db.execute(
+            t.c.execute(
                 "INSERT INTO leases(lease_id, owner, created_at, expires_at, n) VALUES(?, ?, ?, ?, ?)",
-                (lease_id, owner, now, expires, len(picked)),
+                (lease_id, owner, t.now, expires, len(picked)),
             )
         return lease_id, [s for _, s in picked]
-
-    def _pick(self, batch_size: int, now: float) -> list[tuple[int, Sample]]:
-        """Inside a transaction: first-fit units (a loose sample, or a whole group) in arrival order."""
-        rows = self._db.execute(LEASE_SQL, (self._generation, scan_limit(batch_size))).fetchall()
-        picked: list[tuple[int, Sample]] = []
-        seen: set[str] = set()
-        for seq, sid, gid, gsize, payload in rows:
-            if gid is not None and gsize > 1:
-                if gid in seen:
-                    continue
-                seen.add(gid)
-                unit = self._whole_group(gid, gsize, now)
-            else:
-                unit = self._parsed([(seq, sid, payload)], now)
-            if not unit or (picked and len(picked) + len(unit) > batch_size):
-                continue  # waits for a later lease (it is then the oldest, so it is never starved)
-            picked += unit
-            if len(picked) >= batch_size:  # also: a group larger than the batch, leased alone
-                break
-        return picked
-
-    def _whole_group(self, gid: str, size: int, now: float) -> list[tuple[int, Sample]]:
-        """The group's members if it is leasable now (all arrived, all fresh and current), else []."""
-        rows = self._db.execute(
-            "SELECT seq, sample_id, payload, state, generation FROM samples WHERE group_id = ? ORDER BY seq",
-            (gid,),
-        ).fetchall()
-        if len(rows) < size or any(st != "fresh" or g != self._generation for *_, st, g in rows):
-            return []
-        unit = self._parsed([r[:3] for r in rows], now)
-        if len(unit) < len(rows):
-            return []
-        if not any(s.trainable for _, s in unit):  # nothing to train in the whole group
-            self._set_state([s.sample_id for _, s in unit], "masked", now)
-            return []
-        return unit
-
-    def _parsed(self, rows: Sequence[tuple[int, str, str]], now: float) -> list[tuple[int, Sample]]:
-        out = []
-        for seq, sid, payload in rows:
-            try:
-                out.append((seq, Sample.model_validate_json(payload)))
-            except ValidationError as e:  # a poison row must not fail every lease forever
-                self._bury([sid], f"stored sample does not parse: {e}", now)
-        return out
 
     def seal(self, lease_id: str, sample_ids: Sequence[str]) -> tuple[bool, str]:
         """The step's commit point: (True, "sealed") when every one of `sample_ids` is still leased by
         `lease_id`, of the current generation, and no evolution fence is pending; they become `sealed`
         (never support, never retired). Otherwise (False, why) and nothing changes."""
-        ids, now = list(dict.fromkeys(sample_ids)), time.time()
+        ids = list(dict.fromkeys(sample_ids))
         if not ids:
             return False, "no samples"
-        with self._tx():
-            if self._fence_pending(now):
-                return False, "an evolution is in progress (its support set and generation are not final)"
-            rows = self._db.execute(
-                f"SELECT sample_id, state, lease_id, generation FROM samples WHERE sample_id IN ({_marks(len(ids))})",
-                tuple(ids),
-            ).fetchall()
-            if len(rows) < len(ids):
-                return False, f"{len(ids) - len(rows)} sample(s) unknown"
-            for sid, state, lid, _ in rows:
-                if state != "leased" or lid != lease_id:
-                    return False, f"sample {sid} is {state}, no longer leased by this step"
-            for sid, _, _, gen in rows:
-                if gen != self._generation:
-                    return False, f"sample {sid} was served under generation {gen}, now {self._generation}"
-            self._db.execute(
+        with self._tx() as t:
+            refused = _seal_refusal(t, lease_id, ids)
+            if refused:
+                return False, refused
+            t.c.execute(
                 f"UPDATE samples SET state = 'sealed', lease_expires = NULL, updated_at = ? "
-                f"WHERE sample_id IN ({_marks(len(ids))})",
-                (now, *ids),
+                f"WHERE sample_id IN ({marks(len(ids))})",
+                (t.now, *ids),
             )
         return True, "sealed"
 
     def commit(self, lease_id: str) -> int:
         """Mark the lease's SEALED samples trained (idempotent); rows it holds unsealed go back. Returns
         samples committed (0 if unknown, never sealed, or already committed)."""
-        now = time.time()
-        with self._tx():
-            n = self._db.execute(
+        with self._tx() as t:
+            n = t.c.execute(
                 "UPDATE samples SET state = 'trained', updated_at = ? WHERE lease_id = ? AND state = 'sealed'",
-                (now, lease_id),
+                (t.now, lease_id),
             ).rowcount
-            self._return_where("state = 'leased' AND lease_id = ?", (lease_id,), now)
-            self._db.execute("DELETE FROM leases WHERE lease_id = ?", (lease_id,))
+            t.return_where("state = 'leased' AND lease_id = ?", (lease_id,))
+            t.c.execute("DELETE FROM leases WHERE lease_id = ?", (lease_id,))
         return n
 
     def release(self, lease_id: str) -> int:
         """Return a lease's samples without training (fresh, or retired if the generation moved on)."""
-        with self._tx():
-            n = self._return_where("state IN ('leased', 'sealed') AND lease_id = ?", (lease_id,), time.time())
-            self._db.execute("DELETE FROM leases WHERE lease_id = ?", (lease_id,))  # even if nothing was left
+        with self._tx() as t:
+            n = t.return_where("state IN ('leased', 'sealed') AND lease_id = ?", (lease_id,))
+            t.c.execute("DELETE FROM leases WHERE lease_id = ?", (lease_id,))  # even if nothing was left
             return n
 
     def release_owner(self, owner: str) -> int:
         """Return every open lease of `owner`, sealed ones too (a run restarting after a crash: what its
         checkpoint holds was committed first). Returns samples freed."""
-        now = time.time()
-        with self._tx():
-            ids = [r[0] for r in self._db.execute("SELECT lease_id FROM leases WHERE owner = ?", (owner,))]
-            n = sum(self._return_where("state IN ('leased', 'sealed') AND lease_id = ?", (i,), now) for i in ids)
-            self._db.execute("DELETE FROM leases WHERE owner = ?", (owner,))
+        with self._tx() as t:
+            ids = [r[0] for r in t.c.execute("SELECT lease_id FROM leases WHERE owner = ?", (owner,)).fetchall()]
+            n = sum(t.return_where("state IN ('leased', 'sealed') AND lease_id = ?", (i,)) for i in ids)
+            t.c.execute("DELETE FROM leases WHERE owner = ?", (owner,))
             return n
 
     def release_expired(self, now: float | None = None) -> int:
         """Return every expired lease's unsealed samples. Returns samples freed."""
-        with self._tx():
-            return self._release_expired(time.time() if now is None else now)
-
-    def _release_expired(self, now: float) -> int:
-        return self._return_where("state = 'leased' AND lease_expires < ?", (now,), now)
-
-    def _return_where(self, where: str, args: tuple[Any, ...], now: float) -> int:
-        """Inside a transaction: rows matching `where` go back to fresh or retired."""
-        rows = self._db.execute(f"SELECT seq, generation, lease_id FROM samples WHERE {where}", args).fetchall()
-        for seq, generation, _ in rows:
-            state = "fresh" if generation >= self._generation else "retired"
-            self._db.execute(
-                "UPDATE samples SET state = ?, lease_id = NULL, lease_expires = NULL, updated_at = ? "
-                "WHERE seq = ?",
-                (state, now, seq),
-            )
-        for lease_id in {r[2] for r in rows}:
-            held = self._db.execute("SELECT 1 FROM samples WHERE lease_id = ? AND state IN ('leased', 'sealed') "
-                                    "LIMIT 1", (lease_id,)).fetchone()
-            if held is None:  # a lease with sealed rows left stays, so its owner's recovery finds them
-                self._db.execute("DELETE FROM leases WHERE lease_id = ?", (lease_id,))
-        return len(rows)
+        with self._tx(now) as t:
+            return t.release_expired()
 
     # ------------------------------------------------------------------ dead letters
     def dead_letter(self, sample_ids: Sequence[str], error: str) -> int:
         """Move samples the trainer rejected to the dead letters with `error` (not trained or sealed
         ones; a dead one counts another attempt). Returns samples moved."""
-        with self._tx():
-            return self._bury(list(sample_ids), error, time.time())
-
-    def _bury(self, sample_ids: list[str], error: str, now: float) -> int:
-        ids = self._ids_where(sample_ids, (*CLAIMABLE, "support", "dead")) if sample_ids else []
-        if not ids:
-            return 0
-        self._set_state(ids, "dead", now)
-        self._db.executemany(
-            "INSERT INTO dead_letters(sample_id, error, at, attempts) VALUES(?, ?, ?, 1) ON CONFLICT(sample_id) "
-            "DO UPDATE SET error = excluded.error, at = excluded.at, attempts = attempts + 1",
-            [(i, error[:2000], now) for i in ids],
-        )
-        return len(ids)
+        with self._tx() as t:
+            return t.bury(list(sample_ids), error)
 
     def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
         """The dead samples, oldest first: {"id", "error", "at", "attempts"}."""
-        with self._lock:
-            rows = self._db.execute(
+        with self._db.tx() as c:
+            rows = c.execute(
                 "SELECT d.sample_id, d.error, d.at, d.attempts FROM dead_letters d "
                 "JOIN samples s ON s.sample_id = d.sample_id WHERE s.state = 'dead' ORDER BY d.at LIMIT ?",
                 (limit,),
@@ -411,34 +260,35 @@ class ReplayStore:
 
     def requeue(self, sample_ids: Sequence[str]) -> int:
         """Dead samples go back to fresh / retired / masked as they would arrive now. Returns how many."""
-        with self._tx():
-            ids = self._ids_where(list(sample_ids), ("dead",)) if sample_ids else []
-            return self._restore(ids, time.time()) if ids else 0
+        with self._tx() as t:
+            return t.restore(t.ids_where(list(sample_ids), ("dead",)))
 
     def drop(self, sample_ids: Sequence[str]) -> int:
         """Delete dead samples for good. Returns how many."""
-        with self._tx():
-            ids = self._ids_where(list(sample_ids), ("dead",)) if sample_ids else []
+        with self._tx() as t:
+            ids = t.ids_where(list(sample_ids), ("dead",))
             if ids:
-                self._db.execute(f"DELETE FROM samples WHERE sample_id IN ({_marks(len(ids))})", tuple(ids))
-                self._db.execute(f"DELETE FROM dead_letters WHERE sample_id IN ({_marks(len(ids))})", tuple(ids))
+                t.c.execute(f"DELETE FROM samples WHERE sample_id IN ({marks(len(ids))})", tuple(ids))
+                t.c.execute(f"DELETE FROM dead_letters WHERE sample_id IN ({marks(len(ids))})", tuple(ids))
             return len(ids)
 
     # ------------------------------------------------------------------ reads
     @property
     def generation(self) -> int:
-        return self._generation
+        """The current generation as committed (by any process)."""
+        with self._db.tx() as c:
+            return read_generation(c)
 
     def states(self, sample_ids: Sequence[str]) -> dict[str, SampleState]:
         """The state of each known sample id (audit, tests)."""
         if not sample_ids:
             return {}
-        with self._lock:
-            rows = self._db.execute(
-                f"SELECT sample_id, state FROM samples WHERE sample_id IN ({_marks(len(sample_ids))})",
+        with self._db.tx() as c:
+            rows = c.execute(
+                f"SELECT sample_id, state FROM samples WHERE sample_id IN ({marks(len(sample_ids))})",
                 tuple(sample_ids),
             ).fetchall()
-        return dict(rows)
+        return {sid: state for sid, state in rows}
 
     def stats(self) -> dict[str, Any]:
         """Counts by state and by (state, generation), the oldest fresh sample's age, the generation,
@@ -448,26 +298,25 @@ class ReplayStore:
         status/metrics (throttled), never the training hot path.
         """
         now = time.time()
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT state, generation, COUNT(*) FROM samples GROUP BY state, generation"
-            ).fetchall()
-            oldest = self._db.execute(
+        with self._db.tx() as c:
+            generation = read_generation(c)
+            rows = c.execute("SELECT state, generation, COUNT(*) FROM samples GROUP BY state, generation").fetchall()
+            oldest = c.execute(
                 "SELECT created_at FROM samples WHERE state = 'fresh' AND generation = ? ORDER BY seq LIMIT 1",
-                (self._generation,),
+                (generation,),
             ).fetchone()
-            open_leases = self._db.execute("SELECT COUNT(*) FROM leases").fetchone()[0]
-            fences = self._db.execute("SELECT COUNT(*) FROM fences WHERE expires_at > ?", (now,)).fetchone()[0]
+            open_leases = c.execute("SELECT COUNT(*) FROM leases").fetchone()[0]
+            fences = c.execute("SELECT COUNT(*) FROM fences WHERE expires_at > ?", (now,)).fetchone()[0]
         by_state = {s: 0 for s in STATES}
         by_gen: dict[str, dict[str, int]] = {}
         for state, gen, n in rows:
             by_state[state] = by_state.get(state, 0) + n
             by_gen.setdefault(str(gen), {})[state] = n
         return {
-            "generation": self._generation,
+            "generation": generation,
             "by_state": by_state,
             "by_generation": by_gen,
-            "trainable": by_gen.get(str(self._generation), {}).get("fresh", 0),  # leasable now
+            "trainable": by_gen.get(str(generation), {}).get("fresh", 0),  # leasable now
             "oldest_fresh_age_s": (now - oldest[0]) if oldest else None,
             "open_leases": open_leases,
             "pending_fences": fences,
@@ -476,11 +325,36 @@ class ReplayStore:
         }
 
     def explain_lease(self) -> str:
-        """EXPLAIN QUERY PLAN of the lease query (tests assert it uses the fresh index, not a scan)."""
-        with self._lock:
-            plan = self._db.execute("EXPLAIN QUERY PLAN " + LEASE_SQL, (self._generation, 1)).fetchall()
-        return " | ".join(str(r[-1]) for r in plan)
+        """The lease query's plan (tests assert an index serves it in order: no scan, no sort).
+
+        PostgreSQL: sequential scans are disabled for the EXPLAIN, because on a small table the planner
+        rightly prefers one whatever the indexes; what is checked is that an index CAN serve the query."""
+        with self._db.tx() as c:
+            if self._db.dialect == "sqlite":
+                plan = c.execute("EXPLAIN QUERY PLAN " + LEASE_SQL, (0, 1)).fetchall()
+                return " | ".join(str(r[-1]) for r in plan)
+            c.execute("SET LOCAL enable_seqscan = off")
+            plan = c.execute("EXPLAIN " + self._lease_sql, (0, 1)).fetchall()
+        return " | ".join(r[0].strip() for r in plan)
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._db.close()
+
+
+def _seal_refusal(t: ReplayTx, lease_id: str, ids: list[str]) -> str | None:
+    """Why `ids` cannot be sealed for `lease_id` now, or None (module docstring: the seal)."""
+    if t.fence_pending():
+        return "an evolution is in progress (its support set and generation are not final)"
+    rows = t.c.execute(
+        f"SELECT sample_id, state, lease_id, generation FROM samples WHERE sample_id IN ({marks(len(ids))})",
+        tuple(ids),
+    ).fetchall()
+    if len(rows) < len(ids):
+        return f"{len(ids) - len(rows)} sample(s) unknown"
+    for sid, state, lid, _ in rows:
+        if state != "leased" or lid != lease_id:
+            return f"sample {sid} is {state}, no longer leased by this step"
+    for sid, _, _, gen in rows:
+        if gen != t.generation:
+            return f"sample {sid} was served under generation {gen}, now {t.generation}"
+    return None

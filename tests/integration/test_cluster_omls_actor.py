@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 from core.config import SchedulerConfig
@@ -31,6 +30,7 @@ def _wait(predicate, timeout_s: float = 30.0, every_s: float = 0.2):
 
 def test_actor_persists_state_and_restores_it_after_restart(ray_cluster, tmp_path):
     from cluster.omls_actor import start_omls
+    from core.kv import control_store
 
     ray = ray_cluster
     actor = start_omls(_cfg(idle_minutes=60), tmp_path, name="OMLS-test-restart")
@@ -38,7 +38,7 @@ def test_actor_persists_state_and_restores_it_after_restart(ray_cluster, tmp_pat
         ray.get(actor.report_activity.remote(time.time()))
         transitions = ray.get(actor.trigger_now.remote())
         assert [t["dst"] for t in transitions] == ["window_open"]
-        doc = json.loads((tmp_path / "control" / "omls.json").read_text())
+        _, doc = control_store(tmp_path).get("omls")  # persisted before the call returned
         assert doc["omls"]["state"] == "window_open" and doc["omls"]["manual"] is True
         assert [a["action"] for a in doc["pending_actions"]] == ["start_training"]
         before = ray.get(actor.state.remote())

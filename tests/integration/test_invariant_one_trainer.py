@@ -133,8 +133,9 @@ def plant_stale_holding(storage, job_id: str, since: float) -> None:
     dead.wait()
     lock = run_lock_for(storage)
     lease = lock.acquire("Controller window run 7 (run 'grpo')", heartbeat=False, info={"ray_job": job_id})
-    with lock._connect() as db:
-        db.execute("UPDATE run_lock SET pid = ?, since = ? WHERE token = ?", (dead.pid, since, lease.holding.token))
+    with lock.db.tx() as c:
+        c.execute("UPDATE run_lock SET pid = ?, since = ? WHERE token = ?", (dead.pid, since, lease.holding.token))
+    lock.close()
 
 
 def test_a_run_taking_over_a_dead_holders_lock_waits_until_its_train_actors_are_gone(env, monkeypatch):

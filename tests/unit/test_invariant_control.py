@@ -9,7 +9,8 @@ Deterministic: the tests drive `ControllerActor.tick()` by hand (no control loop
 real OMLS state machine behind a fake actor handle, with the `TrainJob` replaced by a fake the test
 finishes, crashes or kills at a chosen point. A Controller "killed" at a chosen point is a hook that
 raises `Killed` (a BaseException, so no handler of the Controller swallows it) at that call; its restart
-is a new `ControllerActor` built on the same storage root, which is all a restarted actor has.
+is a new `ControllerActor` built on the same persisted state, which is all a restarted actor has. Every
+test runs on both state backends (`state_cfg`: the SQLite files under the storage root, PostgreSQL).
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ class FakeJob:
         if FakeJob.use_lock:
             from train.job import take_run_lock
 
-            self.lease = take_run_lock(self.kw["storage"], self.kw["holder"])
+            self.lease = take_run_lock(self.kw["storage"], self.kw["holder"], self.kw["state"])
         self.started.set()
 
     @property
@@ -155,8 +156,9 @@ class FakeJob:
 
 
 @pytest.fixture
-def system(tmp_path, monkeypatch):
-    """(make_controller, omls, replay): every Controller made shares one storage root and OMLS."""
+def system(tmp_path, monkeypatch, state_cfg):
+    """(make_controller, omls, replay): every Controller made shares one persisted state and OMLS; its
+    storage root is `tmp_path / root` ("state" unless a test moves it to another host's folder)."""
     import train.job
     from core.config import load_config
 
@@ -165,14 +167,22 @@ def system(tmp_path, monkeypatch):
     omls, replay = FakeOMLS(), FakeReplay()
     handles = {"OMLS": Handle(omls), "Replay": Handle(replay)}
     monkeypatch.setattr(ControllerActor, "_actor", staticmethod(handles.get))
+    made: list[ControllerActor] = []
 
-    async def make(mode: str = "auto") -> ControllerActor:
-        env = {"CLAWRAY__STORAGE_ROOT": str(tmp_path / "state"), "CLAWRAY__SCHEDULER__MODE": mode}
+    async def make(mode: str = "auto", root: str = "state") -> ControllerActor:
+        env = {"CLAWRAY__STORAGE_ROOT": str(tmp_path / root), "CLAWRAY__SCHEDULER__MODE": mode}
+        if state_cfg.dsn:
+            env |= {"CLAWRAY__STATE__DSN": state_cfg.dsn, "CLAWRAY__STATE__NAMESPACE": state_cfg.namespace}
         cfg = load_config(REPO / "configs" / "local.yaml", env=env).model_dump(mode="json")
         # Built outside the event loop, so it starts no control loop of its own: the test ticks it.
-        return await asyncio.to_thread(ControllerActor, cfg)
+        made.append(await asyncio.to_thread(ControllerActor, cfg))
+        return made[-1]
 
-    return make, omls, replay
+    make.state = state_cfg
+    yield make, omls, replay
+    for ctl in made:  # what a killed actor's process would drop: its connections
+        ctl.store.close()
+        ctl.run_lock.close()
 
 
 def running(ctl: ControllerActor) -> bool:
@@ -382,12 +392,12 @@ def test_reconcile_table(mode, omls, run, resume, action):
 # ---------------------------------------------------------------------------- one trainer at a time
 
 
-def _hold_lock(root: str, held, done) -> None:
+def _hold_lock(root: str, state: dict, held, done) -> None:
     """Another process (`python -m train.job`) holds the run lock until told."""
     from core.storage import StorageLayout
     from train.run_lock import run_lock_for  # what train.job's take_run_lock takes (lighter to import)
 
-    lease = run_lock_for(StorageLayout(Path(root))).acquire("python -m train.job (run 'grpo')")
+    lease = run_lock_for(StorageLayout(Path(root)), state).acquire("python -m train.job (run 'grpo')")
     held.set()
     done.wait(60)
     lease.release()
@@ -401,7 +411,8 @@ async def test_a_run_of_another_process_refuses_train_step_and_holds_the_window_
     ctl = await make()
     ctx = multiprocessing.get_context("spawn")
     held, done = ctx.Event(), ctx.Event()
-    other = ctx.Process(target=_hold_lock, args=(str(tmp_path / "state"), held, done), daemon=True)
+    args = (str(tmp_path / "state"), make.state.model_dump(), held, done)
+    other = ctx.Process(target=_hold_lock, args=args, daemon=True)
     other.start()
     try:
         assert await asyncio.to_thread(held.wait, 60)
@@ -423,3 +434,58 @@ async def test_a_run_of_another_process_refuses_train_step_and_holds_the_window_
     FakeJob.instances[-1].finish()
     await settle(ctl, omls)
     assert omls.level is State.IDLE_WAIT and (await ctl.status())["run_lock"] is None
+
+
+# ---------------------------------------------------------------------------- persisted state (issue 13)
+
+
+async def test_a_stale_controller_incarnation_cannot_overwrite_its_successors_state(system):
+    """An old incarnation still running after its restart (a partitioned node) writes nothing: its save
+    fails on the version its successor moved on, and the successor's state stands."""
+    from core.kv import Conflict
+
+    make, omls, _ = system
+    old = await make()
+    await next_window_opens(old, omls)
+    new = await make()  # restarted: it finds the window run lost with the old process
+    assert [h["event"] for h in new.history][-1] == "run_lost"
+
+    with pytest.raises(Conflict):
+        old._event("run_finished", run=old.current["run"], reason="window", steps=3)
+    again = await make()
+    assert again.history == new.history and again.runs == new.runs == 1  # no trace of the stale write
+
+
+@pytest.mark.parametrize("state_cfg", ["postgresql"], indirect=True)
+async def test_on_postgresql_a_controller_restarted_on_another_host_resumes_its_window_run(system):
+    """The state outlives the node: a Controller restarted on another host (another storage root, the
+    same state database) finds the run its predecessor was driving and resumes it in the open window,
+    and the run lock it takes is the one every host shares."""
+    make, omls, _ = system
+    FakeJob.use_lock = True
+    ctl = await make(root="host-a")
+    lost = await next_window_opens(ctl, omls)
+    lost.die()  # the node is gone, and the run with it
+
+    ctl = await make(root="host-b")
+    assert ctl.runs == 1 and [h["event"] for h in ctl.history][-2:] == ["run_started", "run_lost"]
+    await settle(ctl, omls)
+    resumed = FakeJob.instances[-1]
+    assert resumed is not lost and resumed.running and omls.level is State.UPDATING
+    assert (await ctl.status())["run_lock"]["holder"] == "Controller window run 2"
+    resumed.finish()
+    await settle(ctl, omls)
+    assert omls.level is State.IDLE_WAIT
+
+
+async def test_the_controller_adopts_the_state_file_of_an_older_release(system, tmp_path):
+    from core.storage import atomic_write_json
+
+    make, _, _ = system
+    legacy = tmp_path / "state" / "control" / "controller.json"
+    history = [{"event": "run_started", "at": 1.0, "run": 4, "reason": "manual"},
+               {"event": "run_finished", "at": 2.0, "run": 4, "reason": "manual", "steps": 1}]
+    atomic_write_json(legacy, {"runs": 4, "history": history, "current": None})
+    ctl = await make()
+    assert ctl.runs == 4 and ctl.history == history and not legacy.exists()
+    assert (await make()).history == history  # adopted once: read from the store from now on

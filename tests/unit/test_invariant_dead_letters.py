@@ -126,7 +126,7 @@ async def test_a_turn_scored_twice_is_observed_once(tmp_path):
             self.tasks.append(asyncio.ensure_future(loop.observe(turn, sample)))
             return True
 
-    prm = PRM(RewardsConfig(votes=1), Sink)
+    prm = PRM(RewardsConfig(votes=1, judge_source="none"), Sink)
     prm.evolver = Notifier()
     turn = Turn(session_id="s", turn_index=0, prompt_ids=[1], response_ids=[2], response_logprobs=[-1.0],
                 messages=[{"role": "user", "content": "say hi in lowercase"}], response_text="HI",
@@ -158,7 +158,8 @@ async def test_the_observed_ids_memory_is_bounded(tmp_path, monkeypatch):
 
 # ---- clawray dlq ------------------------------------------------------------------------------------
 
-def test_the_dlq_cli_lists_requeues_and_drops_over_both_stores(tmp_path, monkeypatch):
+def test_the_dlq_cli_lists_requeues_and_drops_over_both_stores(tmp_path, monkeypatch, state_cfg):
+    """On both backends: the CLI opens the stores through the config's `state` (env overrides here)."""
     import json
 
     from typer.testing import CliRunner
@@ -170,16 +171,20 @@ def test_the_dlq_cli_lists_requeues_and_drops_over_both_stores(tmp_path, monkeyp
     from train.replay_store import ReplayStore
 
     monkeypatch.setenv("CLAWRAY__STORAGE_ROOT", str(tmp_path))
+    if state_cfg.dsn:
+        monkeypatch.setenv("CLAWRAY__STATE__DSN", state_cfg.dsn)
+        monkeypatch.setenv("CLAWRAY__STATE__NAMESPACE", state_cfg.namespace)
+    state = state_cfg.model_dump()
     layout = StorageLayout(tmp_path).ensure()
     runner = CliRunner()
     assert "no dead letters" in runner.invoke(app, ["dlq", "list"]).output  # no store files yet: none made
     assert not (layout.sessions / SESSIONS_DB).exists()
 
-    outbox = SessionStore(layout.sessions / SESSIONS_DB)
+    outbox = SessionStore(layout.sessions / SESSIONS_DB, state)
     turns = [outbox.record([_turn(f"p{i}")])[0] for i in range(2)]
     outbox.claim(10, 60)
     assert outbox.fail([t.turn_id for t in turns], "ValueError: bad turn", 0, max_failures=1) == 2
-    replay = ReplayStore(layout.replay / REPLAY_DB)
+    replay = ReplayStore(layout.replay / REPLAY_DB, state=state)
     sample = Sample.from_turn(_turn("r"), reward=1.0, trainable=True)
     replay.append([sample])
     assert replay.dead_letter([sample.sample_id], "collate: empty response") == 1
@@ -221,6 +226,9 @@ def test_dead_letters_are_counted_by_a_proxy_metric(monkeypatch):
 
         def observe(self, value, tags=None):
             pass
+
+        def _record(self, value, tags=None):  # core.metrics.zero_counter: the series exists at 0 from the start
+            assert value == 0
 
     monkeypatch.setattr(ray_metrics, "Counter", Metric)
     monkeypatch.setattr(ray_metrics, "Histogram", Metric)

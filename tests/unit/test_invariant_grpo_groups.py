@@ -34,8 +34,9 @@ def group(size: int, rewards=None, **kw) -> list[Sample]:
 
 
 @pytest.fixture()
-def store(tmp_path: Path) -> ReplayStore:
-    s = ReplayStore(tmp_path / "replay.sqlite", default_lease_s=60)
+def store(tmp_path: Path, state_cfg) -> ReplayStore:
+    """On both backends (SQLite, and a fresh namespace in a real PostgreSQL server)."""
+    s = ReplayStore(tmp_path / "replay.sqlite", default_lease_s=60, state=state_cfg)
     yield s
     s.close()
 

@@ -29,8 +29,9 @@ def make_sample(gen: int = 0, mask: list[int] | None = None, **kw) -> Sample:
 
 
 @pytest.fixture()
-def store(tmp_path: Path) -> ReplayStore:
-    s = ReplayStore(tmp_path / "replay.sqlite", default_lease_s=60)
+def store(tmp_path: Path, state_cfg) -> ReplayStore:
+    """On both backends (SQLite, and a fresh namespace in a real PostgreSQL server)."""
+    s = ReplayStore(tmp_path / "replay.sqlite", default_lease_s=60, state=state_cfg)
     yield s
     s.close()
 
@@ -192,8 +193,8 @@ async def test_support_is_claimed_before_the_bank_bumps_the_generation(tmp_path:
     assert replay.events[1] == ("end", 1, 1, [])
 
 
-async def test_failures_that_were_already_trained_are_left_out_of_the_evolution(tmp_path: Path) -> None:
-    store = ReplayStore(tmp_path / "r.sqlite")
+async def test_failures_that_were_already_trained_are_left_out_of_the_evolution(tmp_path: Path, state_cfg) -> None:
+    store = ReplayStore(tmp_path / "r.sqlite", state=state_cfg)
     (t0, s0), (t1, s1) = failing(0, "a"), failing(1, "b")
     store.append([s0, s1])
     lease_id, got = store.lease(1)
@@ -217,8 +218,8 @@ async def test_failures_that_were_already_trained_are_left_out_of_the_evolution(
     store.close()
 
 
-async def test_an_evolution_that_changes_nothing_hands_its_claims_back(tmp_path: Path) -> None:
-    store = ReplayStore(tmp_path / "r.sqlite")
+async def test_an_evolution_that_changes_nothing_hands_its_claims_back(tmp_path: Path, state_cfg) -> None:
+    store = ReplayStore(tmp_path / "r.sqlite", state=state_cfg)
     (t0, s0), (t1, s1) = failing(0, "a"), failing(1, "b")
     store.append([s0, s1])
     loop = EvolutionLoop(SkillBank(tmp_path / "skills", SkillsConfig()), EvolverConfig(), FeedbackEvolver(),
@@ -231,8 +232,8 @@ async def test_an_evolution_that_changes_nothing_hands_its_claims_back(tmp_path:
     store.close()
 
 
-async def test_an_evolver_slower_than_the_fence_is_rejected_and_writes_nothing(tmp_path: Path) -> None:
-    store = ReplayStore(tmp_path / "r.sqlite")
+async def test_an_evolver_slower_than_the_fence_is_rejected_and_writes_nothing(tmp_path: Path, state_cfg) -> None:
+    store = ReplayStore(tmp_path / "r.sqlite", state=state_cfg)
     turn, sample = failing(0)
     store.append([sample])
 
@@ -288,8 +289,8 @@ async def test_a_wiped_skills_folder_is_written_up_to_a_new_generation(tmp_path:
     assert loop.reconcile() == 2  # idempotent
 
 
-def test_a_fresh_evolver_on_a_wiped_folder_is_reconciled_above_replays_generation(tmp_path: Path) -> None:
-    store = ReplayStore(tmp_path / "r.sqlite")
+def test_a_fresh_evolver_on_a_wiped_folder_is_reconciled_above_replays_generation(tmp_path: Path, state_cfg) -> None:
+    store = ReplayStore(tmp_path / "r.sqlite", state=state_cfg)
     store.append([make_sample(gen=3)])
     loop = EvolutionLoop(SkillBank(tmp_path / "skills", SkillsConfig()), EvolverConfig(), FeedbackEvolver())
     assert loop.bank.generation == 0  # a wiped (or new) folder, Replay already at 3

@@ -1,5 +1,6 @@
-"""The SQLite memory store: strict scope isolation under adversarial ids, deletion that really deletes,
-forgets that win races with ingestion, readers that catch up, retention."""
+"""The memory store contract, on both backends (SQLite + FTS5, PostgreSQL + tsvector; `state_cfg`): strict
+scope isolation under adversarial ids, deletion that really deletes, forgets that win races with
+ingestion, readers that catch up, retention."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import numpy as np
 import pytest
 
 from memory.index import VectorIndex
-from memory.sqlite_store import TOMBSTONE_KEEP_S, SqliteMemoryStore
+from memory.open import open_memory_store
+from memory.rows import TOMBSTONE_KEEP_S
+from memory.sqlite_store import SqliteMemoryStore
 from memory.store import Merge, Plan, UnitFilter
 from memory.units import Kind, Level, MemoryUnit, Scope, request_scopes, split_tenant
 from tests.memory_fakes import WordEmbedder, entry
@@ -18,8 +21,8 @@ EMB = WordEmbedder()
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = SqliteMemoryStore(tmp_path / "memory.db")
+def store(state_cfg, tmp_path):
+    s = open_memory_store(tmp_path, state_cfg, storage_root=tmp_path)
     yield s
     s.close()
 
@@ -91,13 +94,21 @@ def test_full_text_is_scope_partitioned_and_drops_terms_too_common_to_rank(store
     assert len(store.full_text([key], "common", 50, max_df=50)) == 30
 
 
-def _raw(store: SqliteMemoryStore) -> bytes:
-    data = b""
-    for suffix in ("", "-wal", "-shm"):
-        p = store.path.with_name(store.path.name + suffix)
-        if p.exists():
-            data += p.read_bytes()
-    return data
+def _raw(store) -> bytes:
+    """SQLite: the database file, WAL and shared memory as bytes. PostgreSQL: every row of every table of
+    the store's schema as text (its pages are PostgreSQL's: pg_store.py's docstring)."""
+    if isinstance(store, SqliteMemoryStore):
+        data = b""
+        for suffix in ("", "-wal", "-shm"):
+            p = store.path.with_name(store.path.name + suffix)
+            if p.exists():
+                data += p.read_bytes()
+        return data
+    with store.db.tx() as c:
+        tables = [r[0] for r in c.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = ?",
+                                          (store.db.schema_name,)).fetchall()]
+        assert {"units", "inbox", "vocab", "tombstones"} <= set(tables)
+        return "".join(str(c.execute(f"SELECT t::text FROM {t} AS t").fetchall()) for t in tables).encode()
 
 
 def test_forgetting_a_user_really_deletes_units_fts_rows_vectors_and_pending_turns(store):
@@ -209,12 +220,12 @@ def test_stats_count_units_by_kind_and_level(store):
     assert s["by_level"] == {"user": 1, "workspace": 1, "session": 1} and s["users"] == 2
 
 
-def test_vectors_are_stored_as_float32_and_survive_a_reopen(tmp_path):
-    s = SqliteMemoryStore(tmp_path / "m.db")
+def test_vectors_are_stored_as_float32_and_survive_a_reopen(state_cfg, tmp_path):
+    s = open_memory_store(tmp_path, state_cfg)
     u = mk("kiwi fruit", "alice")
     put(s, u)
     s.close()
-    s = SqliteMemoryStore(tmp_path / "m.db")
+    s = open_memory_store(tmp_path, state_cfg)
     ch = s.scope_changes(u.scope.key, -1)
     (uid, kind, blob, active), = ch.rows
     assert uid == u.unit_id and active and np.allclose(np.frombuffer(blob, "<f4"), EMB.encode([u.content])[0])

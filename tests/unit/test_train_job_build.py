@@ -21,6 +21,7 @@ def test_build_trainer_fixed_or_elastic_workers(tmp_path: Path, workers) -> None
     assert trainer.run_config.name == "r"
     assert Path(trainer.run_config.storage_path) == tmp_path / "checkpoints"
     assert trainer.train_loop_config["max_steps"] == 3
+    assert not trainer.run_config.worker_runtime_env  # a local root: nothing to pass on
 
 
 def test_train_v2_is_enabled_by_importing_train_job() -> None:
@@ -36,3 +37,20 @@ def test_train_v2_is_enabled_by_importing_train_job() -> None:
 def test_elastic_workers_from_yaml_list() -> None:
     cfg = TrainConfig.model_validate({"num_workers": [1, 4]})
     assert tuple(cfg.num_workers) == (1, 4)
+
+
+def test_checkpoints_go_to_the_object_storage_root(tmp_path: Path, s3_endpoint: str, monkeypatch) -> None:
+    """With `storage_root: s3://...` Ray Train gets the bucket's `checkpoints/` prefix on a filesystem that
+    reaches the configured endpoint, and the workers get the blob root (they publish adapters there)."""
+    import pyarrow.fs
+
+    from train.job import build_trainer
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
+    layout = StorageLayout(tmp_path, blob_root="s3://bkt/team")
+    trainer = build_trainer(TrainConfig(), model_path="m", storage=layout, max_steps=1, run_name="r")
+    assert trainer.run_config.storage_path == "bkt/team/checkpoints"  # prefix-stripped: fs given
+    assert isinstance(trainer.run_config.storage_filesystem, pyarrow.fs.FileSystem)
+    assert trainer.train_loop_config["blob_root"] == "s3://bkt/team"
+    # the endpoint (not a secret) follows the workers to nodes added later; credentials never do
+    assert trainer.run_config.worker_runtime_env == {"env_vars": {"AWS_ENDPOINT_URL_S3": s3_endpoint}}

@@ -1,4 +1,7 @@
-"""ReplayStore: generation filtering, leases, commit, O(batch) leasing, durability across kill -9."""
+"""ReplayStore: generation filtering, leases, commit, O(batch) leasing, durability across kill -9.
+
+Every contract test runs on both backends (the `state_cfg` fixture: SQLite, and a fresh namespace in a
+real PostgreSQL server); tests/unit/test_replay_store_pg.py has the multi-process PostgreSQL ones."""
 
 from __future__ import annotations
 
@@ -34,8 +37,8 @@ def make_sample(gen: int = 0, reward: float = 1.0, mask: list[int] | None = None
 
 
 @pytest.fixture()
-def store(tmp_path: Path) -> ReplayStore:
-    s = ReplayStore(tmp_path / "replay.sqlite", default_lease_s=60)
+def store(tmp_path: Path, state_cfg) -> ReplayStore:
+    s = ReplayStore(tmp_path / "replay.sqlite", default_lease_s=60, state=state_cfg)
     yield s
     s.close()
 
@@ -44,6 +47,7 @@ def test_append_is_idempotent_and_masked_samples_are_audit_only(store: ReplaySto
     a, masked = make_sample(), make_sample(mask=[0, 0, 0])
     assert store.append([a, masked]) == 2
     assert store.append([a]) == 0  # a re-sent sample is not duplicated
+    assert store.append([]) == 0
     assert store.states([a.sample_id, masked.sample_id]) == {a.sample_id: "fresh", masked.sample_id: "masked"}
     lease_id, got = store.lease(10)
     assert [s.sample_id for s in got] == [a.sample_id]
@@ -151,7 +155,8 @@ def test_dead_letters_list_requeue_drop_and_count(store: ReplayStore) -> None:
 def test_a_stored_row_that_no_longer_parses_is_dead_lettered_not_leased_forever(store: ReplayStore) -> None:
     good, bad = make_sample(), make_sample()
     store.append([bad, good])
-    store._db.execute("UPDATE samples SET payload = '{\"broken\": 1}' WHERE sample_id = ?", (bad.sample_id,))
+    with store._db.tx() as c:
+        c.execute("UPDATE samples SET payload = '{\"broken\": 1}' WHERE sample_id = ?", (bad.sample_id,))
     _, got = store.lease(5)
     assert [s.sample_id for s in got] == [good.sample_id]
     assert store.states([bad.sample_id]) == {bad.sample_id: "dead"}
@@ -180,8 +185,33 @@ def test_a_buffer_from_before_groups_is_migrated(tmp_path: Path) -> None:
 def test_lease_uses_the_state_index_not_a_scan(store: ReplayStore) -> None:
     store.append([make_sample(gen=g) for g in (0, 1, 1)])
     plan = store.explain_lease()
-    assert "SEARCH samples USING INDEX ix_state_gen (state=? AND generation=?)" in plan, plan
-    assert "SCAN samples" not in plan and "TEMP B-TREE" not in plan, plan
+    if store._db.dialect == "sqlite":
+        assert "SEARCH samples USING INDEX ix_state_gen (state=? AND generation=?)" in plan, plan
+        assert "SCAN samples" not in plan and "TEMP B-TREE" not in plan, plan
+    else:  # the partial index hands the oldest fresh rows of the generation over in seq order
+        assert "Index Scan using ix_fresh_seq on samples" in plan and "LockRows" in plan, plan
+        assert "Sort" not in plan and "Seq Scan" not in plan, plan
+
+
+def test_every_write_obeys_the_generation_another_process_committed(tmp_path: Path, state_cfg) -> None:
+    """Two stores on one buffer (the Replay actor and `clawray dlq`, or a second Replay after a
+    failover): a generation one of them committed governs the other's next write, never a cached copy."""
+    a = ReplayStore(tmp_path / "r.sqlite", state=state_cfg)
+    b = ReplayStore(tmp_path / "r.sqlite", state=state_cfg)
+    a.append([make_sample(gen=0)])  # a has seen generation 0
+    assert b.set_generation(1) == 1
+    late = make_sample(gen=0)  # served under generation 0, arrives after the bump
+    assert a.append([late]) == 1
+    assert a.states([late.sample_id]) == {late.sample_id: "retired"}
+    assert a.lease(5) == (None, []) and a.generation == 1 and a.stats()["generation"] == 1
+    current = make_sample(gen=1)
+    a.append([current])
+    lease_id, _ = a.lease(5)
+    assert b.set_generation(2) == 0  # nothing fresh to retire: `current` is leased
+    assert a.seal(lease_id, [current.sample_id]) == (
+        False, f"sample {current.sample_id} was served under generation 1, now 2")
+    a.close()
+    b.close()
 
 
 def test_oldest_fresh_age(store: ReplayStore) -> None:
@@ -190,12 +220,12 @@ def test_oldest_fresh_age(store: ReplayStore) -> None:
     assert store.stats()["oldest_fresh_age_s"] >= 99
 
 
-def test_survives_restart(tmp_path: Path) -> None:
-    s = ReplayStore(tmp_path / "r.sqlite")
+def test_survives_restart(tmp_path: Path, state_cfg) -> None:
+    s = ReplayStore(tmp_path / "r.sqlite", state=state_cfg)
     s.append([make_sample(gen=3)])
     lease_id, got = s.lease(1)
     s.close()
-    s2 = ReplayStore(tmp_path / "r.sqlite")
+    s2 = ReplayStore(tmp_path / "r.sqlite", state=state_cfg)
     assert s2.generation == 3
     assert s2.seal(lease_id, [x.sample_id for x in got])[0] and s2.commit(lease_id) == 1
     s2.close()
@@ -207,7 +237,7 @@ WRITER = textwrap.dedent(
     sys.path.insert(0, {repo!r})
     from core.contracts import Sample
     from train.replay_store import ReplayStore
-    store = ReplayStore({path!r})
+    store = ReplayStore({path!r}, state={state!r})
     i = 0
     while True:
         batch = [Sample(sample_id=f"s{{i}}-{{k}}", session_id="x", turn_index=0, prompt_ids=[1],
@@ -220,10 +250,10 @@ WRITER = textwrap.dedent(
 )
 
 
-def test_acknowledged_samples_survive_kill_9(tmp_path: Path) -> None:
+def test_acknowledged_samples_survive_kill_9(tmp_path: Path, state_cfg) -> None:
     path = tmp_path / "kill.sqlite"
     proc = subprocess.Popen(
-        [sys.executable, "-c", WRITER.format(repo=str(REPO), path=str(path))],
+        [sys.executable, "-c", WRITER.format(repo=str(REPO), path=str(path), state=state_cfg.model_dump())],
         stdout=subprocess.PIPE, text=True,
     )
     acked: list[str] = []
@@ -236,7 +266,7 @@ def test_acknowledged_samples_survive_kill_9(tmp_path: Path) -> None:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         proc.stdout.close()
-    store = ReplayStore(path)
+    store = ReplayStore(path, state=state_cfg)
     states = store.states(acked)
     store.close()
     assert len(states) == len(acked) and set(states.values()) == {"fresh"}
