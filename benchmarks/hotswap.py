@@ -5,15 +5,17 @@ The production path, end to end, on the real tiny model: the trainer's `publish_
 `adapters/policy-vNNNN/` (peft weights + manifest, atomic rename) -> clock starts -> the trainer's
 `notify_serving` asks the `PolicyEngine` deployment to load and activate it -> a client's chat request
 through the Proxy -> clock stops when a reply arrives whose captured turn records that version.
-Measured idle and while 4 streaming clients keep the engine busy.
+Measured idle and while 4 streaming clients keep the engine busy, with adapters on a local folder and on
+S3 (`storage_root: s3://...` on a moto_server, state in PostgreSQL; issue 13) in the same run.
 
-Usage: python -m benchmarks.hotswap [--versions 5] [--quick] [--port N]
+Usage: python -m benchmarks.hotswap [--versions 5] [--quick] [--port N] [--storage local,s3]
 Writes benchmarks/out/hotswap.json and .md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -48,6 +50,8 @@ def _one_swap(model, cfg, client, store, step: int) -> dict[str, Any]:
     """Publish one version, hot-swap it, poll with requests until one is served by it."""
     import torch
 
+    from core.adapter_store import adapter_store
+    from core.storage import StorageLayout
     from train.publish import notify_serving, publish_adapter
 
     torch.manual_seed(step)
@@ -55,9 +59,10 @@ def _one_swap(model, cfg, client, store, step: int) -> dict[str, Any]:
         for n, p in model.named_parameters():
             if "lora_B" in n:
                 p.normal_(0.0, 0.5)
-    name, path = publish_adapter(model, cfg.storage_path() / "adapters", base_model=cfg.model_path(),
+    store_ = adapter_store(StorageLayout(cfg.storage_path(), cfg.blob_root()))  # a folder, or the bucket
+    name, path = publish_adapter(model, store_, base_model=cfg.model_path(),
                                  lora=cfg.train.lora, step=step, skill_generation=0, metrics={})
-    t0 = time.perf_counter()  # the folder is written (renamed into place)
+    t0 = time.perf_counter()  # the folder is renamed into place / the version's record is created
     assert notify_serving(name, path), f"serving did not take {name}"
     t_active = time.perf_counter()
     tries = 0
@@ -96,10 +101,12 @@ def _background_load(base_url: str, stop: threading.Event, errors: list) -> list
 
 def _run(cfg, versions: int) -> dict[str, Any]:
     import openai
+    from ray import serve
 
     from cluster.runtime import deploy_serving
     from serve.sessions import SessionStore
 
+    serve.shutdown()  # the previous storage's app (both are measured in one run)
     base = deploy_serving(cfg)
     client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
     client.chat.completions.create(model="m", max_tokens=2, messages=[{"role": "user", "content": "warm up"}])
@@ -123,19 +130,50 @@ def _stats(xs: list[float]) -> dict[str, float]:
     return {"median_s": statistics.median(xs), "max_s": max(xs), "min_s": min(xs)}
 
 
+STORAGE = {"local": "a local folder (rename into place)",
+           "s3": "S3 (moto_server: upload, create-only record, serving copies to its cache)"}
+
+
 def _markdown(res: dict[str, Any]) -> str:
     lines = [f"# Hot-swap: adapter published -> first response served by it ({res['meta']['cores']} cores, "
              f"load average at start {res['meta']['loadavg']:.1f})", "",
-             "| condition | swaps | load+activate median (s) | published→first response median (s) | max (s) | "
-             "requests until served (max) |", "|---|---|---|---|---|---|"]
-    for cond in ("idle", "busy"):
-        rows = res[cond]
-        la = statistics.median(r["load_activate_s"] for r in rows)
-        s = _stats([r["published_to_first_response_s"] for r in rows])
-        lines.append(f"| {cond} | {len(rows)} | {la:.3f} | {s['median_s']:.3f} | {s['max_s']:.3f} | "
-                     f"{max(r['requests_until_served'] for r in rows)} |")
-    lines += ["", f"Failed background requests during swaps: {len(res['background_errors'])}"]
+             "| adapters on | condition | swaps | load+activate median (s) | published→first response median (s) "
+             "| max (s) | requests until served (max) |", "|---|---|---|---|---|---|---|"]
+    for storage, run in res["storages"].items():
+        for cond in ("idle", "busy"):
+            rows = run[cond]
+            la = statistics.median(r["load_activate_s"] for r in rows)
+            s = _stats([r["published_to_first_response_s"] for r in rows])
+            lines.append(f"| {STORAGE[storage]} | {cond} | {len(rows)} | {la:.3f} | {s['median_s']:.3f} | "
+                         f"{s['max_s']:.3f} | {max(r['requests_until_served'] for r in rows)} |")
+    errors = sum(len(run["background_errors"]) for run in res["storages"].values())
+    lines += ["", f"Failed background requests during swaps: {errors}"]
     return "\n".join(lines) + "\n"
+
+
+def _configs(storages: list[str], storage: str, port: int, stack) -> dict[str, Any]:
+    """One config per storage: the local folder, and an s3:// root on a moto_server with its state in a
+    private PostgreSQL (a remote storage root needs `state.dsn`), both started here (tests/servers.py)."""
+    import boto3
+
+    from core.config import load_config
+    from tests.servers import S3_ENV, postgres, s3_server
+
+    base = {**os.environ, "CLAWRAY__PROXY__PORT": str(port)}
+    out = {}
+    if "local" in storages:
+        out["local"] = load_config(REPO / "configs" / "local.yaml", env={**base, "CLAWRAY__STORAGE_ROOT": storage})
+    if "s3" in storages:
+        for k, v in S3_ENV.items():
+            os.environ.setdefault(k, v)
+        endpoint = stack.enter_context(s3_server())
+        os.environ["AWS_ENDPOINT_URL_S3"] = endpoint  # before Ray starts: every replica inherits it
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="clawray-hotswap")
+        dsn = stack.enter_context(postgres(Path(storage)))
+        out["s3"] = load_config(REPO / "configs" / "local.yaml", env={
+            **base, "CLAWRAY__STORAGE_ROOT": f"s3://clawray-hotswap/{uuid.uuid4().hex[:8]}",
+            "CLAWRAY__STATE__DSN": dsn})
+    return out
 
 
 def main() -> None:
@@ -143,6 +181,7 @@ def main() -> None:
     ap.add_argument("--versions", type=int, default=5, help="swaps per condition (idle, busy)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 swaps per condition")
     ap.add_argument("--port", type=int, default=None, help="HTTP port (default: a free one)")
+    ap.add_argument("--storage", default="local,s3", help="where adapters are published: local, s3 or both")
     args = ap.parse_args()
     if args.quick:
         args.versions = 2
@@ -155,22 +194,22 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import ray
 
-    from core.config import load_config
-
     storage = tempfile.mkdtemp(prefix="clawray-hotswap-")
-    env = {**os.environ, "CLAWRAY__STORAGE_ROOT": storage, "CLAWRAY__PROXY__PORT": str(args.port)}
-    cfg = load_config(REPO / "configs" / "local.yaml", env=env)
     load0 = os.getloadavg()[0]
-    ray.init(address="local", num_cpus=8, namespace="clawray", include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
-    try:
-        res = _run(cfg, args.versions)
-    finally:
-        from ray import serve
+    res: dict[str, Any] = {"storages": {}}
+    with contextlib.ExitStack() as stack:
+        cfgs = _configs(args.storage.split(","), storage, args.port, stack)
+        ray.init(address="local", num_cpus=8, namespace="clawray", include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+        try:
+            for name, cfg in cfgs.items():
+                res["storages"][name] = _run(cfg, args.versions)
+        finally:
+            from ray import serve
 
-        serve.shutdown()
-        ray.shutdown()
-        shutil.rmtree(storage, ignore_errors=True)
+            serve.shutdown()
+            ray.shutdown()
+            shutil.rmtree(storage, ignore_errors=True)
     res["meta"] = {"cores": os.cpu_count(), "loadavg": load0, "time": time.time()}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "hotswap.json").write_text(json.dumps(res, indent=2))

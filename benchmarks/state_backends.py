@@ -35,8 +35,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,17 +61,12 @@ def pct(xs: list[float]) -> dict[str, float]:
             "mean_ms": statistics.fmean(s) * 1e3, "n": len(s)}
 
 
-@contextmanager
-def postgres(tmp: Path) -> Iterator[str]:
-    """A private PostgreSQL server for the run; its DSN (Unix socket)."""
-    import pgserver
+def postgres(tmp: Path):
+    """A private PostgreSQL server for the run (the one the tests start: tests/servers.py); its DSN."""
+    from tests.servers import postgres as server
 
     (tmp / "pg").mkdir()
-    srv = pgserver.get_server(tmp / "pg" / "pgdata", cleanup_mode="stop")
-    try:
-        yield srv.get_uri()
-    finally:
-        srv.cleanup()
+    return server(tmp / "pg")
 
 
 def make_samples(n: int, prompt: int, response: int, seed: int = 0) -> list[Sample]:

@@ -94,7 +94,7 @@ def reconcile(mode: str, omls_state: str, run: str | None, resume: bool) -> str 
 
 
 class ControllerActor:
-    def __init__(self, cfg: dict[str, Any], poll_s: float | None = None):
+    def __init__(self, cfg: dict[str, Any], poll_s: float | None = None, serving_app: str | None = None):
         from train.run_lock import run_lock_for
 
         self.cfg = ClawrayConfig.model_validate(cfg)
@@ -102,6 +102,9 @@ class ControllerActor:
         self.store = control_store(self.layout.root, self.cfg.state)
         self.run_lock = run_lock_for(self.layout, self.cfg.state)  # read for `status`; runs take their own
         self.poll_s = poll_s or self.cfg.scheduler.poll_s
+        # The Serve app whose engine must be up before a run starts (`serve run` brings the actors up
+        # before the app: a window must not open training while vLLM is still starting); None = no gate.
+        self.serving_app = serving_app
         got = adopt_json(self.store, STATE_KEY, self.layout.control / LEGACY_FILE)
         self._version, saved = got or (0, {})  # the version this incarnation last read or wrote
         self.runs: int = saved.get("runs", 0)
@@ -228,9 +231,33 @@ class ControllerActor:
 
     # ---- reconciling with OMLS --------------------------------------------------------------------
 
+    async def _serving_ready(self) -> bool:
+        if self.serving_app is None:
+            return True
+        from ray import serve
+
+        try:
+            app = (await asyncio.to_thread(serve.status)).applications.get(self.serving_app)
+        except Exception as e:  # noqa: BLE001 - no Serve controller yet: not ready, asked again next tick
+            log.debug("serve status: %s", e)
+            return False
+        return app is not None and getattr(app.status, "value", app.status) == "RUNNING"
+
+    async def _wait_for_serving(self) -> bool:
+        """True when a run may start; else records (once) that the window waits for serving."""
+        if await self._serving_ready():
+            return True
+        reason = f"serving ({self.serving_app}) is not running yet"
+        if reason != self._waiting:
+            self._waiting = reason
+            self._event("window_waiting", reason=reason)
+        return False
+
     async def _start_window(self) -> None:
         from train.run_lock import RunLockBusy
 
+        if not await self._wait_for_serving():
+            return
         try:
             await self._start("window")
         except RunLockBusy as e:  # another run trains (a CLI run, a manual step): the window waits for it
@@ -279,6 +306,8 @@ class ControllerActor:
     async def _start_rl(self) -> None:
         from train.run_lock import RunLockBusy
 
+        if not await self._wait_for_serving():
+            return
         try:
             await self._start("rl")
         except RunLockBusy as e:
@@ -341,11 +370,13 @@ class ControllerActor:
         return list(self.history)
 
 
-def start_controller(cfg: ClawrayConfig, *, detached: bool = False, poll_s: float | None = None):
+def start_controller(cfg: ClawrayConfig, *, detached: bool = False, poll_s: float | None = None,
+                     serving_app: str | None = None):
+    """The `Controller` (created, or the running one); `serving_app`: gate runs on that Serve app running."""
     handle = ray.remote(ControllerActor).options(
         name=NAME, namespace=NAMESPACE, get_if_exists=True, max_restarts=-1,
         lifetime="detached" if detached else None, num_cpus=0, max_concurrency=16,
-    ).remote(cfg.model_dump(mode="json"), poll_s)
+    ).remote(cfg.model_dump(mode="json"), poll_s, serving_app)
     ray.get(handle.ready.remote())
     return handle
 

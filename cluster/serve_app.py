@@ -8,7 +8,9 @@ engine in-process (serve/colocated.py).
 Placement: the engine's replicas (either layout) ask for `engine.num_gpus` GPUs plus the custom resources
 of `engine.resources` (configs/gpu.yaml: {clawray_serve: 1}, which only the serving node type offers).
 
-`serve run configs/serve.yaml` imports `cluster.serve_app:build` with `args: {config: ...}`.
+`serve run configs/serve.yaml` (or `serve deploy`) imports `cluster.serve_app:build` with `args: {config:
+...}`: the builder brings up or attaches to every named actor of the system first, so that command alone
+runs the whole system (docs/cluster.md "Serve the endpoint").
 """
 
 from __future__ import annotations
@@ -52,10 +54,10 @@ def check_serving_config(cfg: ClawrayConfig, env: dict[str, str] | None = None) 
             raise ConfigError(f"engine.upstream.base_url must be an http(s) URL, got {up.base_url!r}")
         if up.api_key_env and not env.get(up.api_key_env):
             raise ConfigError(f"engine.upstream.api_key_env names {up.api_key_env!r}, which is not set")
-    if cfg.engine.backend == "vllm" and cfg.model.path == "tiny":
-        from scripts.make_tiny_model import make
-
-        make(cfg.cache_path() / "tiny-chat")
+    if cfg.engine.backend == "vllm" and cfg.model.path == "tiny" and not (
+            cfg.cache_path() / "tiny-chat" / "config.json").is_file():
+        # Building it belongs to setup (`make setup` / `make model`), never to the app's builder.
+        raise ConfigError(f"the tiny model is not built under {cfg.cache_path() / 'tiny-chat'}: run `make model`")
 
 
 def memory_args(cfg: ClawrayConfig) -> dict[str, Any] | None:
@@ -142,6 +144,18 @@ def build_app(cfg: ClawrayConfig, sink_actors: list[str] | None = None):
     return build_proxy(cfg, build_engine(cfg), sink_actors)
 
 
+def build_system_app(cfg: ClawrayConfig):
+    """The whole system as one Serve application: the named actors (brought up, or attached to when they
+    already exist: a redeploy never duplicates them) and the bound app that delivers to them."""
+    from cluster.system import ensure_actors, sink_names
+
+    check_serving_config(cfg)  # before any actor starts
+    ensure_actors(cfg, detached=True)
+    return build_app(cfg, sink_actors=sink_names(cfg))
+
+
 def build(args: dict[str, Any]):
-    """Entry point for `serve run` / Serve config files: `args: {config: configs/local.yaml}`."""
-    return build_app(load_config(args.get("config")))
+    """Entry point for `serve run configs/serve.yaml` / `serve deploy`: `args: {config: configs/local.yaml}`.
+    The whole system (cluster/system.py `ensure_actors`), not just the HTTP app: scoring, evolution, memory,
+    the OMLS scheduler and the Controller come up with it."""
+    return build_system_app(load_config(args.get("config")))

@@ -1,7 +1,10 @@
 """The composition root: wires every plane into one running system from the validated config.
 
-Order matters only for readiness: the sinks exist before their producers (Replay ← PRM ← Proxy outbox;
-Evolver, Memory ← PRM), the control plane last (once serving is healthy). Every actor has its DESIGN.md name in namespace `clawray`.
+One path for every way of starting it: the Serve app's builder (`cluster.serve_app:build`, what `serve
+run configs/serve.yaml` and `serve deploy` import) calls `ensure_actors` and then binds the app;
+`clawray start` (`start_system`) starts Ray and deploys that same app. Order matters only for readiness:
+the sinks exist before their producers (Replay ← PRM ← Proxy outbox; Evolver, Memory ← PRM); the
+Controller gates its runs on the Serve app running. Every actor has its DESIGN.md name.
 """
 
 from __future__ import annotations
@@ -29,12 +32,41 @@ class System:
     handles: dict[str, Any]
 
 
-def start_system(cfg: ClawrayConfig, *, detached: bool = False, serve_app: bool = True,
-                 progress=None) -> System:
-    """Start (or join) Ray and bring up Replay, Evolver, Memory, PRM pool, the Serve app, OMLS and Controller."""
+def start_system(cfg: ClawrayConfig, *, detached: bool = False, progress=None) -> System:
+    """Start (or join) Ray, then deploy the whole system exactly as `serve run configs/serve.yaml` does:
+    the app's builder (`build_system_app`) brings up or attaches to the actors, then the Serve app."""
+    from cluster.runtime import deploy_serving, start_ray
+
+    def step(msg: str) -> None:
+        if progress is not None:
+            progress(msg)
+        log.info(msg)
+
+    step("starting Ray")
+    start_ray(cfg)
+    handles = ensure_actors(cfg, detached=detached, progress=step)
+    step("Serve app: Proxy -> PolicyEngine (vLLM)")
+    base_url = deploy_serving(cfg, sink_actors=sink_names(cfg))
+    return System(cfg, base_url, handles)
+
+
+def sink_names(cfg: ClawrayConfig) -> list[str]:
+    """The named actors the Proxy's outbox delivers finished turns to (the PRM pool)."""
+    from rewards.pool import prm_name
+
+    return [prm_name(i) for i in range(cfg.rewards.pool_size)]
+
+
+def ensure_actors(cfg: ClawrayConfig, *, detached: bool = True, progress=None) -> dict[str, Any]:
+    """Bring up, or attach to, every named actor of the system: Replay, Evolver, Memory, the PRM pool, OMLS
+    and the Controller (namespace `ray.namespace`). Idempotent: each is created only if it does not exist
+    (`get_if_exists`), so a second call (a redeploy, `serve deploy` after `clawray start`) attaches and
+    never duplicates. Called by the Serve app's builder (`serve run` / `serve deploy`, where they must be
+    detached: the build runs in a task that ends) and by `start_system`. The Controller starts no run
+    before the Serve app is RUNNING (an idle window must not start training while vLLM is starting)."""
     from cluster.controller import start_controller
     from cluster.omls_actor import start_omls
-    from cluster.runtime import deploy_serving, start_ray
+    from cluster.serve_app import APP_NAME
     from evolve.actor import get_or_create_evolver
     from rewards.pool import prm_name, start_prm_pool
     from rewards.sinks import ReplayActorSink
@@ -46,8 +78,6 @@ def start_system(cfg: ClawrayConfig, *, detached: bool = False, serve_app: bool 
         log.info(msg)
 
     layout = StorageLayout(cfg.storage_path()).ensure()
-    step("starting Ray")
-    start_ray(cfg)
     handles: dict[str, Any] = {}
     step("Replay actor (replay buffer)")
     handles["Replay"] = get_or_create_replay(cfg.replay, layout, detached=detached, state=cfg.state.model_dump())
@@ -71,16 +101,11 @@ def start_system(cfg: ClawrayConfig, *, detached: bool = False, serve_app: bool 
                           judge_max_tokens=cfg.rewards.judge_max_tokens, engine_judge=engine_judge(cfg),
                           observer_names=(MEMORY_NAME,) if cfg.memory.enabled else ())
     handles.update({prm_name(i): h for i, h in enumerate(prms)})
-    base_url = ""
-    if serve_app:
-        step("Serve app: Proxy -> PolicyEngine (vLLM)")
-        base_url = deploy_serving(cfg, sink_actors=[prm_name(i) for i in range(len(prms))])
-    # The control plane last: an inactivity window must not open while vLLM is still starting.
     step("OMLS scheduler")
     handles["OMLS"] = start_omls(cfg.scheduler, layout.root, detached=detached, state=cfg.state.model_dump())
     step(f"Controller (mode {cfg.scheduler.mode})")
-    handles["Controller"] = start_controller(cfg, detached=detached)
-    return System(cfg, base_url, handles)
+    handles["Controller"] = start_controller(cfg, detached=detached, serving_app=APP_NAME)
+    return handles
 
 
 def engine_judge(cfg: ClawrayConfig) -> dict[str, str] | None:

@@ -33,6 +33,7 @@ from typing import Any
 
 import ray
 from rich.console import Console
+from rich.markdown import Markdown
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -87,6 +88,7 @@ class Demo:
         self.ev = Evidence(min_fresh_samples=cfg.train.min_fresh_samples)
         self.system = None
         self.support_ids: set[str] = set()
+        self.memory_md = "## Memory\n\nNot collected: the run stopped before the end of the last day.\n"
 
     # ---- observation ------------------------------------------------------------------------------
 
@@ -208,7 +210,7 @@ class Demo:
         return last
 
     def _record_run(self, last: dict[str, Any]) -> None:
-        from train.grpo import step_log_path
+        from train.run_files import step_log_path
 
         self.ev.steps, self.ev.run_error = int(last.get("steps") or 0), last.get("error")
         self.ev.adapters = list(last.get("adapters") or [])
@@ -251,12 +253,34 @@ class Demo:
                         self.ev.day2_adapters = [t.adapter_version for t in
                                                  self._turns([f"{u}-{day.id}" for u in USERS])]
                     self.rows.append(row)
+                self.remember(progress)
             self.print_summary()
+            self.console.print(Markdown(self.memory_md))
             self.console.print(f"report: {write_report(self.root, self.root / 'report.png', self.cfg.state)}")
         finally:
             with self.console.status("stopping clawray"):
                 stop_system(self.cfg)
         return self.verdicts()
+
+    def remember(self, progress: Progress) -> None:
+        """What long-term memory kept of each user (stage `memory`), once ingestion caught up with the
+        ended sessions; the Markdown goes to the console and `memory.md` beside the report."""
+        from memory.report import render_markdown, summary
+
+        task = progress.add_task("memory: waiting for the Memory actor to ingest the sessions", total=None)
+        self.ev.users = list(USERS)
+
+        def remembered() -> dict[str, Any] | None:
+            data = summary(self.root, state=self.cfg.state)
+            return data if all(u in data["users"] and data["users"][u]["units"] > 0 for u in USERS) else None
+
+        data = _wait(remembered, 120, every=2) or summary(self.root, state=self.cfg.state)
+        self.ev.memory_by_user = {u: row["units"] for u, row in data["users"].items()}
+        self.memory_md = render_markdown(data)
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "memory.md").write_text(self.memory_md)
+        progress.update(task, description=f"memory: {data['totals'].get('units', 0)} unit(s) remembered",
+                        total=1, completed=1)
 
     def verdicts(self) -> list[Verdict]:
         verdicts = evaluate(self.ev)

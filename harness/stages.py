@@ -20,6 +20,7 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("separation", "no support sample and no sample of an older generation was trained"),
     ("hot_swap", "the window published an adapter and serving activated it"),
     ("next_day", "day 2 was served by that adapter"),
+    ("memory", "every simulated user's sessions left long-term memories, each user's only in their own scope"),
 )
 
 
@@ -44,6 +45,8 @@ class Evidence:
     adapters: list[str] = field(default_factory=list)  # published by the window's run
     active_after_window: str | None = None
     day2_adapters: list[str | None] = field(default_factory=list)  # adapter_version of each day-2 turn
+    users: list[str] = field(default_factory=list)  # the simulated users
+    memory_by_user: dict[str, int] = field(default_factory=dict)  # active memory units per user id
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,6 +83,11 @@ def _checks(e: Evidence) -> dict[str, tuple[bool, str]]:
                      f"published {e.adapters or 'nothing'}, serving {e.active_after_window or 'base'}"),
         "next_day": (published is not None and bool(e.day2_adapters) and day2 == {published},
                      f"day-2 turns served by {sorted(str(a) for a in day2) or 'nothing'}"),
+        "memory": (bool(e.users) and all(e.memory_by_user.get(u, 0) > 0 for u in e.users)
+                   and set(e.memory_by_user) <= set(e.users),
+                   ", ".join(f"{u}: {e.memory_by_user.get(u, 0)}" for u in e.users) + " unit(s)"
+                   + (f"; units of unknown users {sorted(set(e.memory_by_user) - set(e.users))}"
+                      if set(e.memory_by_user) - set(e.users) else "")),
     }
 
 

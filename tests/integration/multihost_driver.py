@@ -36,12 +36,13 @@ from core.config import REPO_ROOT, load_config  # noqa: E402
 from tests.servers import free_port, unique_namespace  # noqa: E402
 
 RECOVER_S = 60.0
+BUCKET = "clawray-mh"
 
 
 def _config(dsn: str, root: Path, address: str, s3: str | None):
     env = dict(os.environ)
     env.update({
-        "CLAWRAY__STORAGE_ROOT": f"s3://clawray-mh/{root.name}" if s3 else str(root),
+        "CLAWRAY__STORAGE_ROOT": f"s3://{BUCKET}/{root.parent.name}" if s3 else str(root),
         "CLAWRAY__RAY__ADDRESS": address,
         "CLAWRAY__STATE__DSN": dsn,
         "CLAWRAY__STATE__NAMESPACE": unique_namespace("mh"),
@@ -128,6 +129,32 @@ def pg_samples(cfg, ids: list[str]) -> int:
                             (ids,)).fetchone()[0]
 
 
+def publish_and_serve_an_adapter(cfg, base: str) -> dict:
+    """Publish one LoRA version as training does (to the bucket when the root is s3://), have the engine
+    load and activate it, and answer through the policy alias with it."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from core.adapter_store import adapter_store
+    from core.storage import StorageLayout
+    from train.publish import notify_serving, publish_adapter
+
+    lora = cfg.train.lora.model_copy(update={"rank": 8, "alpha": 16.0, "target_modules": ["q_proj", "v_proj"]})
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(cfg.model_path(), torch_dtype=torch.float32),
+                           LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    store = adapter_store(StorageLayout(cfg.storage_path(), cfg.blob_root()))
+    name, where = publish_adapter(model, store, base_model=cfg.model_path(), lora=lora, step=1,
+                                  skill_generation=0, metrics={})
+    served = notify_serving(name, where)
+    r = httpx.post(base + "/v1/chat/completions", timeout=120, json={
+        "model": cfg.model.policy_alias, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"X-Session-Id": "mh-adapter", "X-Turn-Type": "side"})
+    active = httpx.get(base + "/v1/models", timeout=30).json()
+    return {"adapter": name, "adapter_uri": str(where), "adapter_served": served and r.status_code == 200,
+            "models": [m["id"] for m in active.get("data", [])]}
+
+
 def check(load, store, replay, windows: list[tuple[float, float]]) -> dict:
     """Every ok request has one turn; every turn is exactly one sample; counts side by side."""
     from tests.integration.loadgen import in_replay
@@ -201,6 +228,9 @@ def run(dsn: str, s3: str | None, workdir: Path) -> dict:
         turn_ids = [t.turn_id for t in store.turns() if t.session_id.startswith(load.tag)]
         result["samples_in_postgresql"] = pg_samples(cfg, turn_ids)
         result["ok_all"] = result["ok_all"] and result["samples_in_postgresql"] == len(turn_ids)
+        result.update(publish_and_serve_an_adapter(cfg, base))
+        result["ok_all"] = result["ok_all"] and result["adapter_served"] and (
+            s3 is None or result["adapter_uri"].startswith("s3://"))
         store.close()
     finally:
         try:
@@ -220,7 +250,10 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if args.s3:
-        os.environ["AWS_ENDPOINT_URL_S3"] = args.s3
+        import boto3
+
+        os.environ["AWS_ENDPOINT_URL_S3"] = args.s3  # every process of the cluster inherits it
+        boto3.client("s3", endpoint_url=args.s3).create_bucket(Bucket=BUCKET)
     with tempfile.TemporaryDirectory(prefix="clawray-mh-") as tmp:
         try:
             result = run(args.dsn, args.s3, Path(tmp))

@@ -11,7 +11,8 @@ def closed_loop() -> Evidence:
     return Evidence(serving=True, day1_turns=20, day1_scored=20, day1_observed=20, generation_before=0,
                     generation_after=1, skills_after=3, support=5, fresh_before_window=9, min_fresh_samples=4,
                     steps=2, trained_ids=["a", "b"], adapters=["policy-v0001", "policy-v0002"],
-                    active_after_window="policy-v0002", day2_adapters=["policy-v0002"] * 4)
+                    active_after_window="policy-v0002", day2_adapters=["policy-v0002"] * 4,
+                    users=["mei", "raj"], memory_by_user={"mei": 3, "raj": 1})
 
 
 def test_a_closed_loop_passes_every_stage_in_order():
@@ -34,6 +35,8 @@ def test_a_closed_loop_passes_every_stage_in_order():
     ({"trained_violations": ["a"]}, "separation"),
     ({"active_after_window": "policy-v0001"}, "hot_swap"),
     ({"day2_adapters": ["policy-v0002", None]}, "next_day"),
+    ({"memory_by_user": {"mei": 3}}, "memory"),  # raj remembered nothing
+    ({"memory_by_user": {"mei": 3, "raj": 1, "default": 2}}, "memory"),  # units outside the users' scopes
 ])
 def test_a_missing_stage_is_named(change, stage):
     ev = closed_loop()

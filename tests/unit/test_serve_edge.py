@@ -129,3 +129,17 @@ def test_group_commit_isolates_a_failing_record(tmp_path):
     ok1, err, ok2 = asyncio.run(run())
     assert isinstance(err, Exception) and not isinstance(ok1, Exception) and not isinstance(ok2, Exception)
     assert {t.session_id for t in store.turns()} == {"a", "b"}
+
+
+def test_the_app_builder_never_builds_the_tiny_model(tmp_path):
+    """Building the model belongs to setup (`make model`); the builder only says it is missing."""
+    from cluster.serve_app import check_serving_config
+    from core.config import REPO_ROOT as REPO
+    from core.config import config_from_dict
+
+    cfg = config_from_dict({"cache_dir": str(tmp_path), "model": {"path": "tiny"}})
+    with pytest.raises(ConfigError, match="make model"):
+        check_serving_config(cfg, env={})
+    assert not (tmp_path / "tiny-chat").exists()
+    src = "\n".join(p.read_text() for p in (REPO / "cluster").glob("*.py"))
+    assert "from scripts" not in src and "import scripts" not in src  # cluster/ imports nothing above it
