@@ -16,7 +16,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export VLLM_CACHE_ROOT := $(CURDIR)/.cache/vllm
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: setup model test test-fast demo bench soak lint clean
+.PHONY: setup model test test-cluster test-fast demo bench soak lint clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -34,10 +34,15 @@ setup: $(STAMP) $(MODEL)
 model: $(MODEL)
 
 test: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not soak" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not soak and not cluster" $(PYTEST_ARGS)
+
+# Whole-cluster simulations (each starts Ray clusters of its own in subprocesses): kept out of `make test`
+# so that stays under 40 minutes on 2 cores; CI (.ci/run) runs both.
+test-cluster: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m cluster $(PYTEST_ARGS)
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not soak" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not soak and not cluster" $(PYTEST_ARGS)
 
 demo: setup
 	$(BIN)/python -m harness.cli demo

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-REFRESH_S = 1e9  # well under Ray's gauge TTL (20 s with the default 10 s export interval)
+REFRESH_S = 5.0  # well under Ray's gauge TTL (20 s with the default 10 s export interval)
 
 
 def zero_counter(counter: Any, tags: dict[str, str] | None = None) -> Any:

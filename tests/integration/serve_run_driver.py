@@ -57,7 +57,8 @@ def write_configs(tmp: Path) -> tuple[Path, int]:
     profile = yaml.safe_load((REPO_ROOT / "configs" / "local.yaml").read_text())
     profile["storage_root"] = str(tmp / "storage")
     profile["cache_dir"] = str(REPO_ROOT / ".cache")
-    profile["evolver"]["on_session_end"] = False  # evolution happens when the test asks (evolve_now)
+    # Evolution happens when the test asks (evolve_now), not on its own during the load.
+    profile["evolver"].update(on_session_end=False, every_n_turns=0, failure_rate_threshold=1.0)
     profile["scheduler"].update({"sleep_start": None, "sleep_end": None, "idle_minutes": None, "poll_s": 1})
     (tmp / "clawray.yaml").write_text(yaml.safe_dump(profile))
     port = free_port()
@@ -97,13 +98,13 @@ def run(tmp: Path) -> dict:
         result["actors_started_by_serve_run"] = sorted(actors)
 
         # ---- turns scored, then a skill evolved from a failed session
+        gen0 = ray.get(actors["Evolver"].generation.remote())
         load = Load(base, tag="sr1", users=3, stream_users=1, rounds_per_session=2, max_tokens=8).start()
         _wait(lambda: ray.get(actors["Replay"].stats.remote())["by_state"], 180, "scored turns in Replay",
               every=2)
         _wait(lambda: sum(ray.get(actors["Replay"].stats.remote())["by_state"].values()) >= 6, 180, "6 samples")
         load.stop()
         result["samples_before_evolution"] = sum(ray.get(actors["Replay"].stats.remote())["by_state"].values())
-        gen0 = ray.get(actors["Evolver"].generation.remote())
         report = ray.get(actors["Evolver"].evolve_now.remote())
         result["evolved"] = report
         result["generation"] = [gen0, ray.get(actors["Evolver"].generation.remote())]

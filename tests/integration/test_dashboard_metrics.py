@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 
 def test_dashboard_lists_every_actor_and_deployment_and_prometheus_every_documented_metric(tmp_path):

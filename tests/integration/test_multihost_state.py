@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 
 def test_two_hosts_share_state_in_postgresql_and_lose_nothing_under_kill_9(pg_dsn, s3_endpoint, tmp_path):

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 
 def test_serve_run_of_the_shipped_config_runs_the_whole_loop(tmp_path):
