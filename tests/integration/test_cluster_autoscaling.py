@@ -20,7 +20,7 @@ import pytest
 
 from cluster import local_cluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 900  # the scenario takes ~2 min on 2 cores (cluster up, system up, window, scale down)
