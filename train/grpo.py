@@ -19,10 +19,14 @@ contributes a gradient to a published adapter.
 
 Resume: the newest checkpoint restores weights, optimizer and step: Ray Train's registered one
 (`ray.train.get_checkpoint()`), or a newer one that was persisted but not registered yet when the run
-died (`latest_checkpoint_path`). The checkpoint names the lease
-it was trained on; rank 0 commits that lease (its samples are in the restored weights, so they must not
-be trained again) and releases every other lease the run still holds (they were not checkpointed, so
-they must be trained again). Thus a crash anywhere neither re-trains committed samples nor skips any.
+died ("latest", see `_restore`). The checkpoint names the lease it was trained on; rank 0 commits that
+lease (its samples are in the restored weights, so they must not be trained again) and releases every
+other lease the run still holds (they were not checkpointed, so they must be trained again). Thus a
+crash anywhere neither re-trains committed samples nor skips any.
+
+The run's records (step log, discard log, "latest") are files under a local root's `checkpoints/`, or
+objects in the bucket with an object-storage root, where the driver and every node see them whichever
+node rank 0 ran on (train/run_files.py).
 
 Tests drive interleavings through `config["test_hooks"]["before_seal"]`: the name of an actor whose
 `before_seal(info)` rank 0 awaits right before the seal.
@@ -33,7 +37,6 @@ Stop: at each step boundary rank 0 stops when the run's `TrainControl` flag is s
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 import time
@@ -55,33 +58,12 @@ from train.control import NAMESPACE, control_name
 from train.model import build_peft_model, make_backend
 from train.publish import notify_serving, publish_adapter
 from train.replay import NAME as REPLAY_NAME
+from train.run_files import LocalRunFiles, RemoteRunFiles, run_files
 from train.step import train_step
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
-
-
-def step_log_path(storage: StorageLayout, run_name: str) -> Path:
-    """JSON lines, one per trained step of the run (sample ids, lease, adapter, metrics)."""
-    return storage.checkpoints / f"{run_name}.steps.jsonl"
-
-
-def latest_checkpoint_path(storage: StorageLayout, run_name: str) -> Path:
-    """{"step", "dir", "lease_id"} of the run's newest persisted checkpoint, written by rank 0 as soon as
-    `ray.train.report` returns (before publish and commit).
-
-    Ray Train registers a checkpoint later, in its own controller. When the process driving the run dies
-    in between (the Controller actor is killed mid-window), the newest checkpoint is on disk but not
-    registered, and `ray.train.get_checkpoint()` resumes from an older one: the newer step's samples
-    are committed but its update is lost, and step numbers repeat. `_restore` takes the newer of the two.
-    """
-    return storage.checkpoints / f"{run_name}.latest.json"
-
-
-def discard_log_path(storage: StorageLayout, run_name: str) -> Path:
-    """JSON lines, one per discarded step of the run (lease, sample ids, why the seal was refused)."""
-    return storage.checkpoints / f"{run_name}.discarded.jsonl"
 
 
 def poison_reason(sample: Sample, vocab_size: int) -> str | None:
@@ -104,11 +86,6 @@ def split_poison(samples: list[Sample], vocab_size: int) -> tuple[list[Sample], 
     return usable, bad
 
 
-def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-
-
 def _broadcast(obj: Any, world: int) -> Any:
     if world == 1:
         return obj
@@ -126,7 +103,7 @@ class _Rank0:
         self.replay = ray.get_actor(REPLAY_NAME, namespace=NAMESPACE)
         self.control = ray.get_actor(control_name(self.run_name), namespace=NAMESPACE)
         self.storage = StorageLayout(Path(config["storage_root"]), blob_root=config.get("blob_root"))
-        self.log_path = step_log_path(self.storage, self.run_name)
+        self.files = run_files(self.storage, self.run_name)
         self.hook = (config.get("test_hooks") or {}).get("before_seal")
         self.discarded, self.refused = 0, ""  # discarded steps of this run; why the last seal failed
 
@@ -178,7 +155,7 @@ class _Rank0:
         """A refused step: hand the lease back (valid samples become fresh again) and log it."""
         freed = ray.get(self.replay.release.remote(lease_id))
         self.discarded += 1
-        _append_jsonl(discard_log_path(self.storage, self.run_name), {
+        self.files.discards.append({
             "lease_id": lease_id, "sample_ids": [s.sample_id for s in samples], "released": freed,
             "reason": self.refused, "step_s": metrics.get("step_s"), "time": time.time()})
 
@@ -198,7 +175,7 @@ class _Rank0:
             "generation": generation, "publish_s": time.perf_counter() - t0, "time": time.time(),
             "discarded_steps": self.discarded,
         }
-        _append_jsonl(self.log_path, record)
+        self.files.steps.append(record)
         self.control.record_step.remote(record)
         return record
 
@@ -210,27 +187,34 @@ def _load(backend, state: dict[str, Any], d: Path) -> None:
     log.info("resumed from checkpoint %s at step %d", d.name, state["step"])
 
 
-def _restore(backend, state: dict[str, Any], storage: StorageLayout, run_name: str) -> None:
+def _restore(backend, state: dict[str, Any], files: LocalRunFiles | RemoteRunFiles) -> None:
     """Load the newest checkpoint: Ray Train's registered one, or a newer one it had not registered yet
-    when the run died (see `latest_checkpoint_path`). Every worker makes the same choice."""
+    when the run died. Every worker makes the same choice.
+
+    "latest" ({"step", "dir", "lease_id"}) is written by rank 0 as soon as `ray.train.report` returns
+    (before publish and commit). Ray Train registers a checkpoint later, in its own controller. When the
+    process driving the run dies in between (the Controller actor is killed mid-window), the newest
+    checkpoint is persisted but not registered, and `ray.train.get_checkpoint()` resumes from an older
+    one: the newer step's samples are committed but its update is lost, and step numbers repeat."""
     ckpt = ray.train.get_checkpoint()
-    newest = read_json(latest_checkpoint_path(storage, run_name), {}) or {}
-    unregistered = storage.checkpoints / run_name / newest["dir"] if newest.get("dir") else None
-    if unregistered is not None and unregistered.is_dir():
+    newest = files.latest()
+    if newest.get("dir"):
         registered = -1
         if ckpt is not None:
             with ckpt.as_directory() as d:
                 registered = (read_json(Path(d) / STATE_FILE, {}) or {}).get("step", 0)
         if newest["step"] > registered:
-            _load(backend, state, unregistered)
-            return
+            with files.checkpoint(newest["dir"]) as unregistered:
+                if unregistered is not None:
+                    _load(backend, state, unregistered)
+                    return
     if ckpt is not None:
         with ckpt.as_directory() as d:
             _load(backend, state, Path(d))
 
 
 def _checkpoint_and_report(backend, state: dict[str, Any], metrics: dict, rank: int,
-                           latest: Path) -> None:
+                           files: LocalRunFiles | RemoteRunFiles) -> None:
     """Every worker calls report (it is a barrier); checkpoint files come from the backend. The folder
     name is the same on every rank (step + lease, both broadcast) and known to us, so rank 0 can record
     it in `latest` once the (synchronous) upload is done."""
@@ -243,12 +227,13 @@ def _checkpoint_and_report(backend, state: dict[str, Any], metrics: dict, rank: 
         ckpt = ray.train.Checkpoint.from_directory(tmp) if wrote else None
         ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=name if wrote else None)
     if rank == 0:
-        atomic_write_json(latest, {"step": state["step"], "dir": name, "lease_id": state["lease_id"]})
+        files.set_latest({"step": state["step"], "dir": name, "lease_id": state["lease_id"]})
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train worker entry point. `config` keys: train (TrainConfig dump), model_path, storage_root,
-    run_name, max_steps, lease_s, notify_serving, test_hooks (optional, tests only)."""
+    blob_root (None for a local root), run_name, max_steps, lease_s, notify_serving, test_hooks (optional,
+    tests only)."""
     logging.basicConfig(level=logging.INFO)
     cfg = TrainConfig.model_validate(config["train"])
     ctx = ray.train.get_context()
@@ -260,9 +245,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         "step": 0, "lease_id": None, "base_model": config["model_path"],
         "notify_serving": config.get("notify_serving", True),
     }
-    storage = StorageLayout(Path(config["storage_root"]))
-    _restore(backend, state, storage, config["run_name"])
-    latest = latest_checkpoint_path(storage, config["run_name"])
+    files = run_files(StorageLayout(Path(config["storage_root"]), blob_root=config.get("blob_root")),
+                      config["run_name"])
+    _restore(backend, state, files)
     rank0 = _Rank0(cfg, config) if rank == 0 else None
     if rank0:
         rank0.recover(state)
@@ -284,6 +269,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             continue
         state.update(step=state["step"] + 1, lease_id=lease_id)
         metrics.update(step=state["step"], lease_id=lease_id, sample_ids=[s.sample_id for s in samples])
-        _checkpoint_and_report(backend, state, metrics, rank, latest)
+        _checkpoint_and_report(backend, state, metrics, rank, files)
         if rank0:
             rank0.finish_step(backend, state, samples, metrics)

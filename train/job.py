@@ -37,8 +37,9 @@ from core.blobs import checkpoint_storage, endpoint_env  # noqa: E402
 from core.config import StateConfig, TrainConfig  # noqa: E402
 from core.storage import StorageLayout  # noqa: E402
 from train.control import NAMESPACE, get_control  # noqa: E402
-from train.grpo import discard_log_path, step_log_path, train_loop_per_worker  # noqa: E402
+from train.grpo import train_loop_per_worker  # noqa: E402
 from train.replay import NAME as REPLAY_NAME  # noqa: E402
+from train.run_files import run_files  # noqa: E402
 from train.run_lock import Holding, RunLease, RunLockBusy, acquire_run_lock  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -111,13 +112,6 @@ def build_trainer(cfg: TrainConfig, *, model_path: str, storage: StorageLayout, 
         run_config=run,
         torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
     )
-
-
-def _read_steps(path: Path, since: int) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return [json.loads(x) for x in lines[since:] if x.strip()]
 
 
 def take_run_lock(storage: StorageLayout, holder: str, state: StateConfig | dict | None = None) -> RunLease:
@@ -205,10 +199,10 @@ def run_training(cfg: TrainConfig, *, model_path: str, storage: StorageLayout, m
 def _train(cfg: TrainConfig, control, *, model_path: str, storage: StorageLayout, max_steps: int | None,
            run_name: str, lease_s: float, notify_serving: bool,
            test_hooks: dict[str, str] | None) -> TrainResult:
-    """The run itself, under the run lock: build the trainer, fit, read back what it did."""
-    log_path = step_log_path(storage, run_name)
-    seen = len(_read_steps(log_path, 0))
-    seen_discards = len(_read_steps(discard_log_path(storage, run_name), 0))
+    """The run itself, under the run lock: build the trainer, fit, read back what it did (from the run's
+    records, which rank 0 wrote wherever it ran: train/run_files.py)."""
+    files = run_files(storage, run_name)
+    seen, seen_discards = files.steps.count(), files.discards.count()
     steps = max_steps if max_steps is not None else cfg.max_steps_per_window
     trainer = build_trainer(cfg, model_path=model_path, storage=storage, max_steps=steps,
                             run_name=run_name, lease_s=lease_s, notify_serving=notify_serving,
@@ -219,8 +213,8 @@ def _train(cfg: TrainConfig, control, *, model_path: str, storage: StorageLayout
         checkpoint = result.checkpoint.path if result.checkpoint else None
     except Exception as e:  # noqa: BLE001 - any training failure is reported to the caller as data
         error, checkpoint = f"{type(e).__name__}: {e}", None
-    done = _read_steps(log_path, seen)
-    discarded = len(_read_steps(discard_log_path(storage, run_name), seen_discards))
+    done = files.steps.read(seen)
+    discarded = files.discards.count() - seen_discards
     stopped = ray.get(control.should_stop.remote())
     reason = ("error" if error else "stop_requested" if stopped
               else "max_steps" if len(done) + discarded >= steps else "no_fresh_samples")

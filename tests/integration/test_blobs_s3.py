@@ -1,7 +1,8 @@
 """The GRPO job with its storage root on object storage (issue 13): a real Ray Train run (1 CPU worker)
 against a real S3 HTTP server (moto_server). Ray Train writes its checkpoints into the bucket through the
-filesystem `train/job.py` builds, rank 0 publishes each adapter version into the bucket, and a second run
-resumes from the checkpoint it finds there.
+filesystem `train/job.py` builds, rank 0 publishes each adapter version and logs each step into the
+bucket (train/run_files.py: the driver reads the steps from there, whichever node rank 0 ran on), and a
+second run resumes from the checkpoint it finds there.
 """
 
 from __future__ import annotations
@@ -66,9 +67,15 @@ def test_checkpoints_and_adapters_go_to_the_bucket_and_a_run_resumes_from_it(env
     assert first.checkpoint and first.checkpoint.startswith(f"{prefix}/checkpoints/{RUN}/")
     state = blobs.read(f"{first.checkpoint[len(prefix) + 1:]}/state.json")
     assert state is not None and json.loads(state)["step"] == 1
+    # the run's records are in the bucket, none in the driver's scratch: rank 0 may run on another node
+    assert blobs.list(f"runs/{RUN}/steps") == ["000000000001.json"]
+    latest = json.loads(blobs.read(f"runs/{RUN}/latest/{blobs.list(f'runs/{RUN}/latest')[-1]}"))
+    assert latest["step"] == 1 and first.checkpoint.endswith(f"/{latest['dir']}")
+    assert not list(storage.checkpoints.glob(f"{RUN}.*"))
 
     second = run()  # a new trainer: it finds the run's checkpoint in the bucket
     assert second.error is None and [s["step"] for s in second.steps] == [2]
+    assert len(blobs.list(f"runs/{RUN}/steps")) == 2
     adapters = RemoteAdapters(storage.blob_root, env["storage"].root / "reader")
     assert adapters.versions() == ["policy-v0001", "policy-v0002"] == first.adapters + second.adapters
     folder = adapters.folder("policy-v0002", None)

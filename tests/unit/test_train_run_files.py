@@ -12,7 +12,6 @@ registers only the steps the test says, which is how a run killed between persis
 from __future__ import annotations
 
 import json
-import shutil
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -62,9 +61,9 @@ class FakeReplay:
 
     def lease(self, batch, lease_s, owner, min_size):
         self.leased += 1
-        samples = [Sample(session_id=f"s{self.leased}-{i}", turn_index=0, prompt_ids=[1, 2], response_ids=[3, 4],
-                          response_logprobs=[-1.0, -1.0], reward=float(i % 2), loss_mask=[1, 1],
-                          skill_generation=0) for i in range(batch)]
+        samples = [Sample(session_id=f"s{self.leased}-{i}", turn_index=0, prompt_ids=[1, 2],
+                          response_ids=[3, 4], response_logprobs=[-1.0, -1.0], reward=float(i % 2),
+                          loss_mask=[1, 1], skill_generation=0) for i in range(batch)]
         return f"{uuid.uuid4().hex}-{self.leased}", samples
 
     def seal(self, lease_id, ids):
@@ -137,7 +136,8 @@ class FakeRay:
         monkeypatch.setattr(ray.train, "get_context", lambda: SimpleNamespace(
             get_world_rank=lambda: 0, get_world_size=lambda: 1))
         monkeypatch.setattr(ray.train.torch, "get_device", lambda: torch.device("cpu"))
-        monkeypatch.setattr(ray.train, "get_checkpoint", lambda: self.registered[-1] if self.registered else None)
+        monkeypatch.setattr(ray.train, "get_checkpoint",
+                            lambda: self.registered[-1] if self.registered else None)
         monkeypatch.setattr(ray.train, "report", self.report)
         monkeypatch.setattr(grpo, "build_peft_model", lambda *a, **k: None)
         monkeypatch.setattr(grpo, "make_backend", lambda *a, **k: self.backend)
@@ -154,18 +154,15 @@ class FakeRay:
         return f"policy-v{self.published:04d}", "uri"
 
     def report(self, metrics, checkpoint=None, checkpoint_dir_name=None) -> None:
+        import pyarrow.fs
         import ray.train
 
         if checkpoint is None:
             return
         dest = f"{self.storage_path}/{RUN}/{checkpoint_dir_name}"
-        if self.fs is None:
-            shutil.copytree(checkpoint.path, dest)
-        else:
-            from core.blobs import BlobStore
-
-            store = BlobStore(f"s3://{self.storage_path.split('/', 1)[0]}")
-            store.put_tree(Path(checkpoint.path), dest.split("/", 1)[1])
+        fs = self.fs or pyarrow.fs.LocalFileSystem()
+        fs.create_dir(dest)
+        pyarrow.fs.copy_files(checkpoint.path, dest, destination_filesystem=fs)  # as Ray Train does
         if metrics["step"] in self.register:
             self.registered.append(ray.train.Checkpoint(dest, filesystem=self.fs))
 
@@ -173,7 +170,7 @@ class FakeRay:
 def loop_config(layout: StorageLayout, scratch: Path, max_steps: int) -> dict[str, Any]:
     """The loop config the driver builds, as a worker on the host with local scratch `scratch` gets it."""
     trainer = BUILD_TRAINER(TrainConfig(batch_size=BATCH, min_fresh_samples=BATCH), model_path="m",
-                                storage=layout, max_steps=max_steps, run_name=RUN, notify_serving=False)
+                            storage=layout, max_steps=max_steps, run_name=RUN, notify_serving=False)
     return {**trainer.train_loop_config, "storage_root": str(scratch)}
 
 
@@ -187,17 +184,22 @@ def run_on(host: Path, layout: StorageLayout, max_steps: int) -> None:
 
 def drive(monkeypatch, driver: StorageLayout, worker_host: Path, fake: FakeRay, max_steps: int):
     """`job._train` on the driver's host while its trainer's rank 0 runs on `worker_host`."""
-    def build(cfg, *, storage, max_steps, **kw):
-        return SimpleNamespace(fit=lambda: (run_on(worker_host, storage, max_steps), SimpleNamespace(
-            checkpoint=fake.registered[-1] if fake.registered else None))[1])
+    class Trainer:
+        def __init__(self, cfg, *, storage, max_steps, **kw) -> None:
+            self.storage, self.max_steps = storage, max_steps
 
-    monkeypatch.setattr(job, "build_trainer", build)
+        def fit(self):
+            run_on(worker_host, self.storage, self.max_steps)
+            return SimpleNamespace(checkpoint=fake.registered[-1] if fake.registered else None)
+
+    monkeypatch.setattr(job, "build_trainer", Trainer)
     return job._train(TrainConfig(), _Handle(FakeControl()), model_path="m", storage=driver,
                       max_steps=max_steps, run_name=RUN, lease_s=60, notify_serving=False, test_hooks=None)
 
 
 # ------------------------------------------------------------------------------- several hosts, one bucket
-def test_the_driver_sees_the_steps_and_discards_rank0_logged_on_another_host(tmp_path, blob_root, monkeypatch):
+def test_the_driver_sees_the_steps_and_discards_rank0_logged_on_another_host(tmp_path, blob_root,
+                                                                             monkeypatch):
     driver = StorageLayout(tmp_path / "driver-host", blob_root=blob_root).ensure()
     replay = FakeReplay(refuse=(1,))  # the first lease's seal is refused: one discarded step
     fake = FakeRay(monkeypatch, driver, replay, register={1, 2})
@@ -246,3 +248,37 @@ def test_a_local_root_keeps_the_run_files_under_its_checkpoints_folder(tmp_path,
     fake.backend = FakeBackend()
     run_on(layout.root, layout, max_steps=1)  # Ray registered step 1 only: step 2 is newer
     assert [s["step"] for s in fake.backend.loaded] == [2]
+
+
+# ---------------------------------------------------------------------------------- the logs in the bucket
+def test_a_writer_that_loses_its_number_appends_at_the_next_and_no_record_is_replaced(blob_root, tmp_path,
+                                                                                     monkeypatch):
+    """Two writers list the log at once and pick the same number: one create wins, the other gets 412 and
+    takes the next number (driven in order: B appends between A's listing and A's write)."""
+    from core.blobs import BlobStore
+    from train.run_files import RemoteLog
+
+    a, b = RemoteLog(BlobStore(blob_root), "runs/r/steps"), RemoteLog(BlobStore(blob_root), "runs/r/steps")
+    write_new = a.blobs.write_new
+
+    def b_first(key, data):
+        if not b.count():
+            b.append({"writer": "b"})
+        return write_new(key, data)
+
+    monkeypatch.setattr(a.blobs, "write_new", b_first)
+    a.append({"writer": "a"})
+    assert a.read() == [{"writer": "b"}, {"writer": "a"}] and a.read(1) == [{"writer": "a"}]
+    assert a.blobs.list("runs/r/steps") == ["000000000001.json", "000000000002.json"]
+
+
+def test_latest_is_the_newest_entry_and_only_the_newest_few_are_kept(blob_root, tmp_path):
+    from train.run_files import LATEST_KEEP, run_files
+
+    files = run_files(StorageLayout(tmp_path, blob_root=blob_root), RUN)
+    assert files.latest() == {}
+    for step in range(1, LATEST_KEEP + 3):
+        files.set_latest({"step": step, "dir": f"d{step}", "lease_id": "l"})
+    assert files.latest()["step"] == LATEST_KEEP + 2
+    assert len(files.blobs.list(f"runs/{RUN}/latest")) == LATEST_KEEP
+    assert not (tmp_path / "checkpoints").exists()  # nothing of the run in this host's scratch
