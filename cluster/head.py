@@ -30,7 +30,7 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
         return True
@@ -40,7 +40,7 @@ def _alive(pid: int) -> bool:
 
 def running_head(cfg: ClawrayConfig) -> dict | None:
     info = read_json(_pointer(cfg), None)
-    if info and _alive(info["pid"]) and _port_open(info["port"]):
+    if info and pid_alive(info["pid"]) and _port_open(info["port"]):
         return info
     return None
 
@@ -89,14 +89,14 @@ def start_head(cfg: ClawrayConfig, env: dict[str, str], timeout_s: float = 90) -
 
 def stop_head(cfg: ClawrayConfig, timeout_s: float = 60) -> bool:
     info = read_json(_pointer(cfg), None)
-    if not info or not _alive(info["pid"]):
+    if not info or not pid_alive(info["pid"]):
         _pointer(cfg).unlink(missing_ok=True)
         return False
     os.killpg(info["pid"], signal.SIGTERM)
     deadline = time.time() + timeout_s
-    while time.time() < deadline and _alive(info["pid"]):
+    while time.time() < deadline and pid_alive(info["pid"]):
         time.sleep(0.3)
-    if _alive(info["pid"]):
+    if pid_alive(info["pid"]):
         os.killpg(info["pid"], signal.SIGKILL)
     _pointer(cfg).unlink(missing_ok=True)
     forget_current_cluster(info["port"])

@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from cluster.head import pid_alive
 from core.config import REPO_ROOT, load_config
 
 CONFIG = REPO_ROOT / "cluster" / "cluster-local.yaml"
@@ -100,14 +101,6 @@ def up(temp_dir: Path = DEFAULT_TEMP_DIR, *, port: int = 6379, config_path: Path
     raise TimeoutError(f"ray head did not listen on {ip}:{port} within {timeout_s:.0f} s; see {log}")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except OSError:
-        return False
-
-
 def _group_pids(pgid: int) -> list[int]:
     out = subprocess.run(["pgrep", "--pgroup", str(pgid)], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
@@ -135,7 +128,7 @@ def down(temp_dir: Path = DEFAULT_TEMP_DIR) -> bool:
     if not path.exists():
         return False
     info = json.loads(path.read_text())
-    running = _alive(info["pid"]) or bool(_group_pids(info["pid"]))
+    running = pid_alive(info["pid"]) or bool(_group_pids(info["pid"]))
     down_pid(info["pid"])
     path.unlink()
     return running

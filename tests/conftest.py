@@ -93,6 +93,27 @@ def s3_endpoint() -> str:
         yield url
 
 
+@pytest.fixture
+def s3_env(s3_endpoint: str, monkeypatch) -> str:
+    """The standard env var botocore (so s3fs) reads for an S3-compatible endpoint; no config key."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
+    return s3_endpoint
+
+
+@pytest.fixture
+def s3_root(s3_env: str) -> str:
+    """An object-storage root in a fresh bucket of the session's S3 server."""
+    from tests.servers import make_bucket
+
+    return f"s3://{make_bucket(s3_env)}/team/prod"
+
+
+@pytest.fixture(params=["local", "s3"])
+def blob_root(request, tmp_path) -> str:
+    """Each blob backend in turn: a local folder, then a fresh bucket on the real S3 server."""
+    return str(tmp_path / "blobs") if request.param == "local" else request.getfixturevalue("s3_root")
+
+
 @pytest.fixture(scope="session")
 def storage_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("storage")

@@ -64,4 +64,13 @@ def s3_server() -> Iterator[str]:
         proc.wait(timeout=10)
 
 
+def make_bucket(endpoint: str) -> str:
+    """A new, empty bucket on the S3 server at `endpoint`; its name."""
+    import boto3
+
+    name = f"clawray-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=name)
+    return name
+
+
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}

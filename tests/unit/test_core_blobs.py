@@ -9,35 +9,12 @@ from __future__ import annotations
 
 import json
 import threading
-import uuid
 from pathlib import Path
 
 import pytest
 
 from core.config import REPO_ROOT, ConfigError, config_from_dict
-
-
-def make_bucket(endpoint: str) -> str:
-    import boto3
-
-    name = f"clawray-{uuid.uuid4().hex[:10]}"
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=name)
-    return name
-
-
-@pytest.fixture
-def s3_env(s3_endpoint: str, monkeypatch) -> str:
-    """The standard env var botocore (so s3fs) reads for an S3-compatible endpoint; no config key."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
-    return s3_endpoint
-
-
-@pytest.fixture(params=["local", "s3"])
-def blob_root(request, tmp_path: Path) -> str:
-    if request.param == "local":
-        return str(tmp_path / "blobs")
-    endpoint = request.getfixturevalue("s3_env")
-    return f"s3://{make_bucket(endpoint)}/team/prod"
+from tests.servers import make_bucket
 
 
 def _tree(root: Path, files: dict[str, bytes]) -> Path:
