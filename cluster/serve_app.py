@@ -111,7 +111,7 @@ def build_proxy(cfg: ClawrayConfig, engine: Any, sink_actors: list[str] | None =
         ray_actor_options={"num_cpus": cfg.proxy.num_cpus,
                            "runtime_env": {"env_vars": dict(PROXY_REPLICA_ENV)}},
     ).bind(engine, cfg.proxy.model_dump(), cfg.skills.model_dump(), str(cfg.storage_path()), sink_actors,
-           memory_args(cfg), cfg.state.model_dump())
+           memory_args(cfg), cfg.state.model_dump(), cfg.blob_root())
 
 
 def build_colocated(cfg: ClawrayConfig, sink_actors: list[str] | None = None):
@@ -133,7 +133,7 @@ def build_colocated(cfg: ClawrayConfig, sink_actors: list[str] | None = None):
         ray_actor_options={"num_cpus": cfg.engine.num_cpus + cfg.proxy.num_cpus,
                            "num_gpus": cfg.engine.num_gpus, "runtime_env": {"env_vars": env}, **placement(cfg)},
     ).bind(cfg.engine.backend, args, cfg.proxy.model_dump(), cfg.skills.model_dump(), storage, sink_actors,
-           memory_args(cfg), cfg.state.model_dump())
+           memory_args(cfg), cfg.state.model_dump(), cfg.blob_root())
 
 
 def build_app(cfg: ClawrayConfig, sink_actors: list[str] | None = None):

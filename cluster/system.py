@@ -83,7 +83,8 @@ def ensure_actors(cfg: ClawrayConfig, *, detached: bool = True, progress=None) -
     handles["Replay"] = get_or_create_replay(cfg.replay, layout, detached=detached, state=cfg.state.model_dump())
     ray.get(handles["Replay"].stats.remote())
     step("Evolver actor (skill library)")
-    handles["Evolver"] = get_or_create_evolver(layout.skills, cfg.skills, cfg.evolver, detached=detached)
+    handles["Evolver"] = get_or_create_evolver(layout.skills, cfg.skills, cfg.evolver, detached=detached,
+                                               blob_root=cfg.blob_root())
     # The replay buffer follows the skill library's generation from the start (support/query split).
     # Generations never go back: a skills folder wiped or replaced since Replay last saw generation g is
     # written up to a new generation above g (its S changed), never left below (Replay would retire

@@ -7,6 +7,12 @@ It is an async actor, so `stats()` and further `observe` calls are served while 
 Each evolution runs inside a replay fence (evolve/loop.py); the bank's generation never goes back
 (a wiped skills folder is reconciled at start-up, against Replay's generation, and at the next turn).
 
+With an object-storage root (`blob_root`) the skills folder is this host's scratch and the library lives
+in the bucket (evolve/mirror.py): the actor pulls the newest snapshot before its bank loads (restarted on
+another host, it continues the library with the same generation) and publishes one after every committed
+change, off its event loop. A publish that fails (bucket unreachable) leaves the change local; it goes
+out after the next turn. One that had to merge another writer's version announces the merged generation.
+
 Metrics (`ray.util.metrics`, Prometheus via the Ray metrics agent; docs/metrics.md): counters
 `clawray_evolutions_triggered_total`, `clawray_evolutions_accepted_total`,
 `clawray_evolutions_rejected_total`, `clawray_skills_accepted_total`, `clawray_skills_rejected_total`
@@ -30,6 +36,7 @@ from evolve.bank import SkillBank
 from evolve.embedding import SentenceEmbedder
 from evolve.evolvers import make_evolver
 from evolve.loop import EvolutionLoop, EvolutionReport
+from evolve.mirror import Published, SkillMirror
 
 log = logging.getLogger(__name__)
 
@@ -100,15 +107,21 @@ class RayReplayLink:
 @ray.remote(num_cpus=0.1, max_restarts=-1)
 class Evolver:
     """Args: skills_root (the storage root's skills/ folder), the two config sections, whether to load
-    the embedding model for near-duplicate refusal (default: when retrieval is `embedding`), and the
-    name of the replay actor to notify."""
+    the embedding model for near-duplicate refusal (default: when retrieval is `embedding`), the name of
+    the replay actor to notify, and the object-storage root the library is mirrored to (None: local)."""
 
     def __init__(self, skills_root: str, skills_cfg: SkillsConfig, evolver_cfg: EvolverConfig,
-                 dedup_embeddings: bool | None = None, replay_name: str = REPLAY_NAME):
+                 dedup_embeddings: bool | None = None, replay_name: str = REPLAY_NAME,
+                 blob_root: str | None = None):
         logging.basicConfig(level=logging.INFO)
         use_emb = skills_cfg.retrieval == "embedding" if dedup_embeddings is None else dedup_embeddings
         embedder = SentenceEmbedder(skills_cfg.embedding_model) if use_emb else None
+        self._mirror = SkillMirror(blob_root, Path(skills_root)) if blob_root else None
+        if self._mirror is not None:
+            self._mirror.pull()  # before the bank loads: the library continues from the bucket
         self._bank = SkillBank(Path(skills_root), skills_cfg, embedder)
+        self._publishing = asyncio.Lock()  # one publish at a time; each sees the previous one's version
+        self._publish_errors = 0
         self._replay = RayReplayLink(replay_name)
         self._loop = EvolutionLoop(self._bank, evolver_cfg, make_evolver(evolver_cfg), self._replay)
         # Each at 0 from the start: a first rejection must show as an increase (core/metrics.py).
@@ -126,25 +139,33 @@ class Evolver:
                         "generation": Gauge("clawray_skill_generation", "The library's skill generation.")}
         self._exported = {k: 0 for k in self._counters}
         self._loop.reconcile(self._replay.generation())  # e.g. restarted after the skills folder was wiped
+        self._publish_now()
         self._export()
 
     async def observe(self, turn: Turn, sample: Sample) -> dict[str, Any] | None:
         """Buffer one scored turn; returns the evolution report when it triggered one."""
         self._loop.reconcile()  # cheap (a few stats): a wiped folder is healed at the next turn
-        return self._done(await self._loop.observe(turn, sample))
+        report = await self._loop.observe(turn, sample)
+        await self._publish()
+        return self._done(report)
 
     async def observe_many(self, pairs: list[tuple[Turn, Sample]]) -> list[dict[str, Any]]:
         """`observe` for several turns in order; returns the reports of the evolutions triggered."""
         self._loop.reconcile()
         reports = [await self._loop.observe(t, s) for t, s in pairs]
+        await self._publish()
         return [r for r in (self._done(x) for x in reports) if r is not None]
 
     async def evolve_now(self, session_id: str | None = None) -> dict[str, Any] | None:
         """Evolve from the buffered failures of `session_id` (or all sessions) now."""
-        return self._done(await self._loop.evolve_now(session_id))
+        report = await self._loop.evolve_now(session_id)
+        await self._publish()
+        return self._done(report)
 
     def stats(self) -> dict[str, Any]:
-        return {**self._loop.stats(), "replay_errors": self._replay.errors}
+        return {**self._loop.stats(), "replay_errors": self._replay.errors,
+                "skills_version": self._mirror.version if self._mirror is not None else None,
+                "publish_errors": self._publish_errors}
 
     def generation(self) -> int:
         return self._bank.generation
@@ -152,9 +173,32 @@ class Evolver:
     def reconcile_generation(self, floor: int = 0) -> int:
         """Write a new generation when the skills folder went back (below one seen, or below `floor`:
         Replay's generation at system start). Returns the bank's generation."""
-        gen = self._loop.reconcile(floor)
+        self._loop.reconcile(floor)
+        if self._publish_now() is not None:
+            self._bank.reload()  # a merge with another writer's version moved the generation past both
         self._export()
-        return gen
+        return self._bank.generation
+
+    def _publish_now(self) -> Published | None:
+        """Publish a committed change before returning (start-up: a failure there is the caller's)."""
+        if self._mirror is None or not self._mirror.changed():
+            return None
+        return self._mirror.publish()
+
+    async def _publish(self) -> None:
+        """Publish a committed change to the bucket, in a thread (the bank's lock file keeps the staged
+        copy whole); Proxy replicas on every host follow it."""
+        if self._mirror is None or not self._mirror.changed():
+            return
+        async with self._publishing:
+            try:
+                out = await asyncio.to_thread(self._mirror.publish)
+            except Exception as e:  # noqa: BLE001 - bucket unreachable or slow: the change stays local and
+                self._publish_errors += 1  # goes out after the next turn (`changed()` still says so)
+                log.warning("publishing the skill library failed (retried after the next turn): %s", e)
+                return
+        if out is not None and out.merged:  # the merged library has a generation no evolution announced
+            await self._replay.end_evolution(None, int(out.record["generation"]), [])
 
     def _done(self, report: EvolutionReport | None) -> dict[str, Any] | None:
         self._export()
@@ -173,13 +217,14 @@ class Evolver:
 
 def get_or_create_evolver(skills_root: Path, skills_cfg: SkillsConfig, evolver_cfg: EvolverConfig, *,
                           detached: bool = False, dedup_embeddings: bool | None = None,
-                          name: str = NAME, replay_name: str = REPLAY_NAME):
-    """The `Evolver` actor handle, created if it does not exist yet (the composition root calls this)."""
+                          name: str = NAME, replay_name: str = REPLAY_NAME, blob_root: str | None = None):
+    """The `Evolver` actor handle, created if it does not exist yet (the composition root calls this).
+    `blob_root`: the object-storage root the library is mirrored to (`ClawrayConfig.blob_root()`)."""
     opts: dict[str, Any] = {"name": name, "namespace": NAMESPACE, "get_if_exists": True}
     if detached:
         opts["lifetime"] = "detached"
     return Evolver.options(**opts).remote(str(skills_root), skills_cfg, evolver_cfg, dedup_embeddings,
-                                          replay_name)
+                                          replay_name, blob_root)
 
 
 def get_evolver():

@@ -5,6 +5,11 @@ cross-plane import (DESIGN.md): a hop per request would cost more than the retri
 generation is picked up without a restart: `refresh()` re-reads the library at most every
 `skills.refresh_s` seconds (cheap when nothing changed), in every replica. The skills and the generation
 recorded on the turn come from one snapshot of the library (`SkillSearch.lookup`).
+
+With an object-storage root (`blob_root`) the library is the newest snapshot in the bucket
+(evolve/mirror.py `SnapshotReader`), not a local folder: a background task started with the replica
+polls it every `skills.refresh_s` (one LIST) and swaps a whole new `SkillSearch` in when a new version is
+published, so requests never wait for the bucket and never see half a library.
 """
 
 from __future__ import annotations
@@ -57,21 +62,54 @@ def add_to_system(body: dict[str, Any], block: str, anthropic: bool) -> None:
 
 
 class SkillInjector:
-    def __init__(self, search: Any, cfg: SkillsConfig):
-        self.search, self.cfg = search, cfg
+    def __init__(self, search: Any, cfg: SkillsConfig, reader: Any = None):
+        """`search`: a `SkillSearch` over the local skills folder; or `reader`: a `SnapshotReader` of the
+        bucket's snapshots (then `search` is its current one)."""
+        self._search, self.cfg, self.reader = search, cfg, reader
+        self._failing = False
+        self._follower: asyncio.Task | None = None  # held: the loop keeps only a weak reference to tasks
+
+    @property
+    def search(self) -> Any:
+        return self.reader.search if self.reader is not None else self._search
 
     @classmethod
-    def build(cls, cfg: SkillsConfig, skills_dir: Path) -> SkillInjector | None:
+    def build(cls, cfg: SkillsConfig, skills_dir: Path, blob_root: str | None = None) -> SkillInjector | None:
+        """`skills_dir`: the storage root's skills folder; with `blob_root`, the snapshots are downloaded
+        beside it (`skills-snapshots/`), never into it (an Evolver on this host writes there)."""
         if not cfg.enabled:
             return None
+        if blob_root is not None:
+            from evolve.mirror import SnapshotReader
+
+            return cls(None, cfg, SnapshotReader(blob_root, skills_dir.with_name("skills-snapshots"), cfg))
         from evolve.bank import SkillBank
         from evolve.retrieval import SkillSearch
 
         skills_dir.mkdir(parents=True, exist_ok=True)
         return cls(SkillSearch(SkillBank(skills_dir, cfg), cfg), cfg)
 
-    def start(self) -> None:
-        pass  # refresh is driven by requests (time-gated), so an idle replica does no work
+    def start(self) -> asyncio.Task | None:
+        """On the replica's loop. A local folder needs no task: refresh is driven by requests (time-gated),
+        so an idle replica does no work. The bucket is polled by a task (returned)."""
+        if self.reader is not None and self._follower is None:
+            self._follower = asyncio.get_running_loop().create_task(self._follow())
+        return self._follower
+
+    async def _follow(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.refresh_s)
+            try:
+                await asyncio.to_thread(self.reader.poll)
+            except Exception as e:  # noqa: BLE001 - the bucket may be unreachable a while: keep serving
+                if not self._failing:  # the current library, and retry at the next tick
+                    log.warning("cannot read the skill library from the bucket (%s); serving generation %d "
+                                "until it can", e, self.reader.generation)
+                self._failing = True
+            else:
+                if self._failing:
+                    log.info("skill library readable again (version %d)", self.reader.version)
+                self._failing = False
 
     async def inject(self, body: dict[str, Any], anthropic: bool) -> tuple[list[str], int]:
         """Inject into `body` in place; returns (injected skill names, skill generation)."""
@@ -89,7 +127,9 @@ class SkillInjector:
     def _retrieve(self, query: str) -> tuple[list, int]:
         """(skills, their generation) from ONE library snapshot: a refresh landing between two separate
         reads would pair one library's skills with another's generation (issue 12 item 8)."""
-        self.search.refresh()
+        search = self.search  # read once: a snapshot swapped in meanwhile is used from the next request
+        if self.reader is None:
+            search.refresh()  # a bucket snapshot never changes: its reader swaps whole searches instead
         if not query:
-            return [], self.search.generation  # nothing injected: any current generation is the truth
-        return self.search.lookup(query)
+            return [], search.generation  # nothing injected: any current generation is the truth
+        return search.lookup(query)

@@ -75,7 +75,8 @@ UNAVAILABLE = (RayActorError, BackPressureError, RayServeException)
 
 class ProxyImpl:
     def __init__(self, engine: Any, proxy: dict, skills: dict, storage_root: str,
-                 sink_actors: list[str] | None = None, memory: dict | None = None, state: dict | None = None):
+                 sink_actors: list[str] | None = None, memory: dict | None = None, state: dict | None = None,
+                 blob_root: str | None = None):
         self.engine = engine
         self.cfg = ProxyConfig.model_validate(proxy)
         layout = StorageLayout(Path(storage_root)).ensure()
@@ -85,7 +86,7 @@ class ProxyImpl:
         self.dispatcher = Dispatcher(self.store, sink, self.cfg.session_idle_timeout_s,
                                      retention_s=self.cfg.outbox_retention_s,
                                      max_failures=self.cfg.max_delivery_attempts)
-        self.injector = SkillInjector.build(SkillsConfig.model_validate(skills), layout.skills)
+        self.injector = SkillInjector.build(SkillsConfig.model_validate(skills), layout.skills, blob_root)
         self.memory = MemoryInjector.from_args(memory, layout.memory, state)  # None: memory off
         # Keys are read here, from the env vars the config names, so they never travel as arguments.
         self.api_key = os.environ.get(self.cfg.api_key_env) if self.cfg.api_key_env else None

@@ -69,6 +69,28 @@ def write_configs(tmp: Path) -> tuple[Path, int]:
     return tmp / "serve.yaml", port
 
 
+QUESTION = "Before changing config.json, what do you do first?\nA. edit it\nB. back it up\nAnswer with \\bbox{X}."
+SPEC = {"type": "multi_choice", "options": {"A": "edit in place", "B": "backup first"}, "answer": ["B"]}
+LESSON = "B is correct: you must create a .bak backup before modifying a file."
+
+
+def failed_session_with_feedback(base: str) -> str:
+    """A user's session that fails the checker and then says what was wrong (the next state the feedback
+    evolver learns from), ended: what a skill is distilled from."""
+    sid = "sr-failed-backup"
+    msgs = [{"role": "user", "content": QUESTION}]
+    with httpx.Client(base_url=base, timeout=120) as c:
+        r = c.post("/v1/chat/completions", headers={"X-Session-Id": sid, "X-User-Id": "op"}, json={
+            "model": "clawray-policy", "messages": msgs, "max_tokens": 8, "clawray_eval": SPEC})
+        r.raise_for_status()
+        msgs += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"] or ""},
+                 {"role": "user", "content": f"[Previous Feedback] {LESSON}\n\nAnd the next file?"}]
+        c.post("/v1/chat/completions", headers={"X-Session-Id": sid, "X-User-Id": "op", "X-Session-Done": "true"},
+               json={"model": "clawray-policy", "messages": msgs, "max_tokens": 8, "clawray_eval": SPEC}
+               ).raise_for_status()
+    return sid
+
+
 def run(tmp: Path) -> dict:
     import ray
     from ray import serve
@@ -105,7 +127,11 @@ def run(tmp: Path) -> dict:
         _wait(lambda: sum(ray.get(actors["Replay"].stats.remote())["by_state"].values()) >= 6, 180, "6 samples")
         load.stop()
         result["samples_before_evolution"] = sum(ray.get(actors["Replay"].stats.remote())["by_state"].values())
-        report = ray.get(actors["Evolver"].evolve_now.remote())
+        pending0 = ray.get(actors["Evolver"].stats.remote())["pending_failures"]
+        sid = failed_session_with_feedback(base)
+        _wait(lambda: ray.get(actors["Evolver"].stats.remote())["pending_failures"] >= pending0 + 2, 120,
+              "the failed session's two turns at the Evolver")
+        report = ray.get(actors["Evolver"].evolve_now.remote(sid))
         result["evolved"] = report
         result["generation"] = [gen0, ray.get(actors["Evolver"].generation.remote())]
 
