@@ -73,10 +73,14 @@ def migrate_cmd(
     namespace: Annotated[str | None, typer.Option(help="schema prefix (default: state.namespace)")] = None,
     source: Annotated[Path | None, typer.Option(
         "--from", help="storage root holding the SQLite state (default: the config's storage_root)")] = None,
+    skills_to: Annotated[str | None, typer.Option(
+        "--skills-to", help="the cluster's storage_root (s3://bucket/prefix): publish the skill library "
+                            "(texts, metadata, generation, history) there as a snapshot")] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Copy the embedded state (sessions and outbox, replay, run lock, OMLS/Controller state, memory) into
-    PostgreSQL, idempotently, and check every table's rows afterwards. Stop clawray first."""
+    PostgreSQL, idempotently, and check every table's rows afterwards; with --skills-to, publish the skill
+    library into the cluster's bucket too. Stop clawray first."""
     cfg = load_config(config)
     target = target_config(cfg.state, to, password_env, namespace)
     root = source or cfg.storage_path()
@@ -103,9 +107,43 @@ def migrate_cmd(
             f"{r.store}.{r.table}: {r.source_rows - r.present} of {r.source_rows} source rows are not in "
             "PostgreSQL under their keys" for r in bad)
             + " (the target namespace held other rows with the same unique values? use a fresh --namespace)")
+    if skills_to:
+        out.print(publish_skills(root, skills_to))
     out.print(f"[green]migrated[/]: every row is in {escape(redact_dsn(target.dsn or ''))} "
               f"(namespace {target.namespace}). Point the config at it: state.dsn, state.password_env, "
               "state.namespace; re-running this copies nothing new.")
+
+
+def publish_skills(root: Path, blob_root: str) -> str:
+    """Publish the skill library under `root` into `blob_root` as the Evolver would (evolve/mirror.py): a
+    copy of the folder is merged with what the bucket already holds, then published as the next version
+    if it differs. Idempotent: a second run finds the bucket's newest snapshot equal and publishes nothing.
+    The source folder is never modified."""
+    import shutil
+    import tempfile
+
+    from core.storage import StorageLayout, remote_scheme
+    from evolve.mirror import SkillMirror
+
+    if not remote_scheme(blob_root):
+        raise _fail(f"--skills-to {blob_root!r}: give the cluster's object-storage root (s3://bucket/prefix)")
+    skills = StorageLayout(root).skills
+    if not skills.is_dir():
+        return f"skills: no skill library under {root}"
+    with tempfile.TemporaryDirectory(prefix="clawray-skills-") as tmp:
+        work = Path(tmp) / "skills"
+        shutil.copytree(skills, work, ignore=shutil.ignore_patterns(".lock", ".mirror.json", ".tmp-*"))
+        try:
+            mirror = SkillMirror(blob_root, work)
+            mirror.pull()
+            done = mirror.publish()
+        except (OSError, RuntimeError) as e:
+            raise _fail(f"publishing the skill library to {blob_root} failed: {e}") from None
+    if done is None:
+        return f"skills: {blob_root} already holds this library (version {mirror.version}); nothing published"
+    rec = done.record
+    return (f"skills: published to {blob_root} as version {rec['version']} (generation {rec['generation']}, "
+            f"{len(rec['files'])} files)")
 
 
 def _results_table(results: list[TableResult], root: Path, target: StateConfig) -> Table:

@@ -160,7 +160,8 @@ def not_copied(root: Path) -> list[str]:
     files = [f"{p.name}/ ({desc})" for p, desc in what.items() if p.is_dir()]
     if files:
         out.append(f"{', '.join(files)} under {root}: files, not records; they stay under the storage root "
-                   "(docs/cluster.md, \"Moving an embedded state onto the cluster\")")
+                   "(`--skills-to s3://...` publishes the skill library into the cluster's bucket; docs/cluster.md, "
+                   "\"Moving an embedded state onto the cluster\")")
     return out
 
 

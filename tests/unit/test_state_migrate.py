@@ -305,3 +305,33 @@ def test_cli_a_row_postgresql_refuses_fails_that_store_whole_and_says_so(embedde
         assert c.execute("SELECT count(*) FROM samples").fetchone()[0] == 0  # its transaction rolled back
     sessions.close()
     replay.close()
+
+
+def test_cli_publishes_the_skill_library_into_the_clusters_bucket_once(embedded, target, tmp_path, s3_root):
+    """--skills-to: the library (texts, metadata, generation, history) becomes the bucket's snapshot, which
+    an Evolver or a Proxy on any host pulls; a second run publishes nothing; the source is untouched."""
+    from core.config import SkillsConfig
+    from core.contracts import Skill
+    from evolve.bank import SkillBank
+    from evolve.mirror import SkillMirror
+
+    root, _ = embedded
+    bank = SkillBank(StorageLayout(root).skills, SkillsConfig(retrieval="template"))
+    bank.add(Skill(name="backup-first", description="back up a file before editing it",
+                   body="Always create a .bak copy before modifying a file."))
+    before = sorted(p.name for p in StorageLayout(root).skills.rglob("*"))
+    res = _cli(tmp_path, root, "migrate", "--to", target.dsn, "--namespace", target.namespace,
+               "--skills-to", s3_root)
+    assert res.exit_code == 0, res.output
+    assert "published to" in res.output and "version 1" in res.output
+    assert sorted(p.name for p in StorageLayout(root).skills.rglob("*")) == before  # source untouched
+    pulled = SkillMirror(s3_root, tmp_path / "other-host")
+    pulled.pull()
+    assert (tmp_path / "other-host" / "backup-first" / "SKILL.md").is_file()
+    assert SkillBank(tmp_path / "other-host", SkillsConfig(retrieval="template")).generation == bank.generation
+    again = _cli(tmp_path, root, "migrate", "--to", target.dsn, "--namespace", target.namespace,
+                 "--skills-to", s3_root)
+    assert again.exit_code == 0 and "nothing published" in again.output, again.output
+    wrong = _cli(tmp_path, root, "migrate", "--to", target.dsn, "--namespace", target.namespace,
+                 "--skills-to", str(tmp_path / "local"))
+    assert wrong.exit_code != 0 and "s3://" in wrong.output
