@@ -50,6 +50,7 @@ log = logging.getLogger("clawray.controller")
 NAME = "Controller"
 NAMESPACE = "clawray"
 HISTORY_MAX = 500
+SERVING_PROBE_S = 10.0  # how long the engine may take to answer the start-up probe
 STATE_KEY = "controller"  # in the control store
 LEGACY_FILE = "controller.json"  # under control/: where releases before the control store kept the state
 
@@ -105,6 +106,7 @@ class ControllerActor:
         # The Serve app whose engine must be up before a run starts (`serve run` brings the actors up
         # before the app: a window must not open training while vLLM is still starting); None = no gate.
         self.serving_app = serving_app
+        self._serving_seen = False
         got = adopt_json(self.store, STATE_KEY, self.layout.control / LEGACY_FILE)
         self._version, saved = got or (0, {})  # the version this incarnation last read or wrote
         self.runs: int = saved.get("runs", 0)
@@ -232,16 +234,24 @@ class ControllerActor:
     # ---- reconciling with OMLS --------------------------------------------------------------------
 
     async def _serving_ready(self) -> bool:
-        if self.serving_app is None:
+        """Whether the engine answers (vLLM has started): a `models` call through the engine deployment's
+        handle. Latched: the gate only guards the start-up, so once seen up it is never asked again. (Not
+        `serve.status()`: under load an app that serves requests can report a status other than RUNNING
+        for minutes, which held a demo's window until the users came back.)"""
+        if self.serving_app is None or self._serving_seen:
             return True
         from ray import serve
 
+        from cluster.serve_app import ENGINE_DEPLOYMENT
+
         try:
-            app = (await asyncio.to_thread(serve.status)).applications.get(self.serving_app)
-        except Exception as e:  # noqa: BLE001 - no Serve controller yet: not ready, asked again next tick
-            log.debug("serve status: %s", e)
+            handle = serve.get_deployment_handle(ENGINE_DEPLOYMENT, app_name=self.serving_app)
+            await asyncio.wait_for(handle.models.remote(), timeout=SERVING_PROBE_S)
+        except Exception as e:  # noqa: BLE001 - no app, no replica yet, or still starting: asked next tick
+            log.debug("serving not ready: %s: %s", type(e).__name__, e)
             return False
-        return app is not None and getattr(app.status, "value", app.status) == "RUNNING"
+        self._serving_seen = True
+        return True
 
     async def _wait_for_serving(self) -> bool:
         """True when a run may start; else records (once) that the window waits for serving."""
