@@ -28,6 +28,8 @@ $(STAMP): pyproject.toml
 
 $(MODEL): $(STAMP) scripts/make_tiny_model.py
 	$(BIN)/python scripts/make_tiny_model.py
+	@# MiniLM's ONNX export (evolve/onnx_encoder.py), once here rather than in the first replica to start.
+	$(BIN)/python -c "from evolve.embedding import SentenceEmbedder as E; print('query encoder:', E().backend)"
 
 setup: $(STAMP) $(MODEL)
 

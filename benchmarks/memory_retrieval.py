@@ -1,7 +1,7 @@
 """Memory retrieval latency at 100k units per scope, and ingestion throughput.
 
     nice -n 10 python -m benchmarks.memory_retrieval [--units 100000] [--others 2x10000] [--queries 300]
-                                                     [--ingest-turns 200] [--quick]
+                                                     [--ingest-turns 200] [--backends torch,onnx] [--quick]
 
 A SQLite memory store is filled with `--units` synthetic units in ONE workspace scope (the measured one)
 plus other users' scopes (`--others`), all encoded with the real all-MiniLM-L6-v2. Encoding 120k texts
@@ -10,7 +10,9 @@ reruns only rebuild the store. Then:
 
 - retrieval: `MemorySearch.search` per query, end to end as the Proxy calls it (query encoding on a
   helper thread overlapped with the FTS5 search, binary-prefiltered vector search, fetch with the scope
-  check, fusion), p50/p99; and each stage alone (encode, FTS, vectors, fetch+fuse) p50/p99; cold start
+  check, fusion), p50/p99; and each stage alone (encode, FTS, vectors, fetch+fuse) p50/p99; per query
+  encoder (`--backends`: sentence-transformers on torch and the same model on onnxruntime, taking
+  turns query by query so both see the same load; the last one runs everything else); cold start
   (the first search loads the scope's vectors); hit@6 of the unit each query was written for (quality),
   for hybrid, full text only and vectors only; recall@10 of the prefilter against exact vector search.
 - paraphrases: 20 real facts planted among the synthetic units, asked with questions that share few or
@@ -20,7 +22,8 @@ reruns only rebuild the store. Then:
   consolidation into the 100k scope; turns/s and units/s.
 - forgetting one of the other users (its units, FTS rows, vectors; the FTS index rewritten): seconds.
 
-Torch runs on one thread, as in the Ray workers that encode in production (Ray sets OMP_NUM_THREADS=1).
+Torch and onnxruntime run on one thread, as in the Ray workers that encode in production (Ray sets
+OMP_NUM_THREADS=1). The load average at start and end is recorded: the numbers move with it.
 Prints a table, writes benchmarks/out/memory_retrieval.json.
 """
 
@@ -48,7 +51,7 @@ from memory.ingest import Ingestor
 from memory.retrieval import MemorySearch
 from memory.sqlite_store import SqliteMemoryStore
 from memory.store import InboxEntry, Plan, ScopeChanges
-from memory.units import Kind, Level, MemoryUnit, request_scopes
+from memory.units import Kind, Level, MemoryUnit, Scope, request_scopes
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "out" / "memory_retrieval.json"
@@ -153,37 +156,51 @@ def pct(xs: list[float]) -> dict[str, float]:
     return {"p50_ms": round(float(np.percentile(a, 50)), 3), "p99_ms": round(float(np.percentile(a, 99)), 3)}
 
 
-def measure(search: MemorySearch, queries: list[str], targets: list[str], user: str, ws: str) -> dict[str, Any]:
-    """End-to-end search and each stage on its own, plus hit@top_k of the target unit."""
+STAGES = ("search", "encode", "full_text", "vectors", "fetch")
+
+
+def measure(searches: dict[str, MemorySearch], queries: list[str], targets: list[str], user: str,
+            ws: str) -> dict[str, dict[str, Any]]:
+    """Per condition (query encoder): end-to-end search and each stage on its own, plus hit@top_k of the
+    target unit. The conditions take turns query by query, so a change in the machine's load hits all alike."""
     scopes = request_scopes(user, ws, "bench-session")
-    keys = [s.key for s in scopes]
-    store, emb, index, cfg = search.store, search.embedder, search.index, search.cfg
-    t0 = time.perf_counter()
-    search.search(queries[0], scopes)
-    cold = time.perf_counter() - t0
-    total, enc, fts, vec, fetch, hits = [], [], [], [], [], {"hybrid": 0, "full_text": 0, "vectors": 0}
+    cold = {}
+    for name, search in searches.items():
+        t0 = time.perf_counter()
+        search.search(queries[0], scopes)
+        cold[name] = time.perf_counter() - t0
+    times = {name: {stage: [] for stage in STAGES} for name in searches}
+    hits = {name: {"hybrid": 0, "full_text": 0, "vectors": 0} for name in searches}
     for q, target in zip(queries, targets, strict=True):
-        t = time.perf_counter()
-        res = search.search(q, scopes)
-        total.append(time.perf_counter() - t)
-        hits["hybrid"] += target in {u.unit_id for u, _ in res.hits}
-        t = time.perf_counter()
-        qv = emb.encode([q])[0]
-        enc.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        text_ids = store.full_text(keys, q, cfg.candidates, cfg.fts_max_df)
-        fts.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        vec_ids = [u for u, c in index.search(keys, qv, cfg.candidates) if c >= cfg.min_similarity]
-        vec.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        store.fetch(list(dict.fromkeys([*text_ids, *vec_ids])), scopes)
-        fetch.append(time.perf_counter() - t)
-        hits["full_text"] += target in text_ids[: cfg.top_k]
-        hits["vectors"] += target in vec_ids[: cfg.top_k]
+        for name, search in searches.items():
+            one_query(search, q, target, scopes, times[name], hits[name])
     n = len(queries)
-    return {"cold_first_search_s": round(cold, 2), "search": pct(total), "encode": pct(enc), "full_text": pct(fts),
-            "vectors": pct(vec), "fetch": pct(fetch), "hit_at_k": {k: round(v / n, 3) for k, v in hits.items()}}
+    return {name: {"cold_first_search_s": round(cold[name], 2), **{st: pct(times[name][st]) for st in STAGES},
+                   "hit_at_k": {k: round(v / n, 3) for k, v in hits[name].items()}} for name in searches}
+
+
+def one_query(search: MemorySearch, q: str, target: str, scopes: list[Scope], times: dict[str, list[float]],
+              hits: dict[str, int]) -> None:
+    store, emb, index, cfg = search.store, search.embedder, search.index, search.cfg
+    keys = [s.key for s in scopes]
+    t = time.perf_counter()
+    res = search.search(q, scopes)
+    times["search"].append(time.perf_counter() - t)
+    hits["hybrid"] += target in {u.unit_id for u, _ in res.hits}
+    t = time.perf_counter()
+    qv = emb.encode([q])[0]
+    times["encode"].append(time.perf_counter() - t)
+    t = time.perf_counter()
+    text_ids = store.full_text(keys, q, cfg.candidates, cfg.fts_max_df)
+    times["full_text"].append(time.perf_counter() - t)
+    t = time.perf_counter()
+    vec_ids = [u for u, c in index.search(keys, qv, cfg.candidates) if c >= cfg.min_similarity]
+    times["vectors"].append(time.perf_counter() - t)
+    t = time.perf_counter()
+    store.fetch(list(dict.fromkeys([*text_ids, *vec_ids])), scopes)
+    times["fetch"].append(time.perf_counter() - t)
+    hits["full_text"] += target in text_ids[: cfg.top_k]
+    hits["vectors"] += target in vec_ids[: cfg.top_k]
 
 
 def paraphrases(store: SqliteMemoryStore, search: MemorySearch, embedder: SentenceEmbedder, user: str,
@@ -254,15 +271,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--others", default="2x10000", help="other users' scopes: COUNTxUNITS")
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--ingest-turns", type=int, default=200)
+    ap.add_argument("--backends", default="torch,onnx",
+                    help="query encoders compared in one run (SentenceEmbedder backends); the last runs the rest")
     ap.add_argument("--quick", action="store_true", help="10k units, 100 queries, 40 ingested turns")
     args = ap.parse_args(argv)
     if args.quick:
         args.units, args.others, args.queries, args.ingest_turns = 10_000, "1x2000", 100, 40
     n_others, per_other = (int(x) for x in args.others.split("x"))
+    load_at_start = round(os.getloadavg()[0], 2)
     import torch
 
     torch.set_num_threads(1)  # as in a Proxy replica or the Memory actor: Ray sets OMP_NUM_THREADS=1
-    embedder = SentenceEmbedder()
+    embedders = {b: SentenceEmbedder(backend=b) for b in args.backends.split(",")}
+    primary = list(embedders)[-1]
+    embedder = embedders[primary]
     units, queries = corpus(args.units, seed=0)
     vecs = encoded([c for _, c in units], embedder, f"main-{args.units}-s0")
     now = time.time()
@@ -276,8 +298,10 @@ def main(argv: list[str] | None = None) -> int:
         rng = np.random.default_rng(3)
         pick = rng.choice(args.units, size=args.queries, replace=False)
         cfg = MemoryConfig()
-        search = MemorySearch(store, cfg, embedder)
-        result = measure(search, [queries[i] for i in pick], [ids[i] for i in pick], "bench", "ws")
+        searches = {b: MemorySearch(store, cfg, e) for b, e in embedders.items()}
+        search = searches[primary]
+        conditions = measure(searches, [queries[i] for i in pick], [ids[i] for i in pick], "bench", "ws")
+        result = {**conditions[primary], "encoder": primary, "conditions": conditions}
         qv = embedder.encode([queries[i] for i in pick[:100]])
         result["prefilter_recall_at_10"] = prefilter_recall(vecs, qv)
         result["repeated_query"] = repeated(search, queries[int(pick[0])], "bench", "ws")
@@ -287,20 +311,26 @@ def main(argv: list[str] | None = None) -> int:
             t = time.perf_counter()
             result["forget_user_units"] = store.forget("other-0")
             result["forget_user_s"] = round(time.perf_counter() - t, 2)
-        search.close()
+        for s in searches.values():
+            s.close()
         db_mb = sum(p.stat().st_size for p in Path(tmp).iterdir()) / 2**20
     result.update({"units_in_scope": args.units, "other_scopes": f"{n_others}x{per_other}",
                    "store_write_units_per_s": round(write_rate, 1), "db_mb": round(db_mb, 1),
                    "queries": args.queries, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-                   "load_avg_at_end": round(os.getloadavg()[0], 2)})
+                   "load_avg_at_start": load_at_start, "load_avg_at_end": round(os.getloadavg()[0], 2)})
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2))
     table = Table(title=f"memory retrieval at {args.units:,} units in the scope (+ {args.others} other), "
-                        f"{args.queries} queries, load avg {result['load_avg_at_end']}")
-    for col in ("stage", "p50 ms", "p99 ms"):
-        table.add_column(col)
-    for stage in ("search", "encode", "full_text", "vectors", "fetch", "repeated_query"):
-        table.add_row(stage, f"{result[stage]['p50_ms']:.2f}", f"{result[stage]['p99_ms']:.2f}")
+                        f"{args.queries} queries, load avg {load_at_start} -> {result['load_avg_at_end']}")
+    table.add_column("stage")
+    for name in conditions:
+        table.add_column(f"{name} p50 ms")
+        table.add_column(f"{name} p99 ms")
+    for stage in STAGES:
+        table.add_row(stage, *[f"{conditions[n][stage][k]:.2f}" for n in conditions for k in ("p50_ms", "p99_ms")])
+    rq = result["repeated_query"]  # measured with the primary encoder only (its vector is cached)
+    table.add_row("repeated_query (vector cached)",
+                  *[f"{rq[k]:.2f}" if n == primary else "" for n in conditions for k in ("p50_ms", "p99_ms")])
     Console().print(table)
     Console().print(f"hit@{cfg.top_k}: {result['hit_at_k']}; paraphrases {result['paraphrase_hit_at_k']}; prefilter recall@10 {result['prefilter_recall_at_10']}; "
                     f"cold first search {result['cold_first_search_s']} s; ingestion {result['ingestion']}; "

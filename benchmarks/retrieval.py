@@ -1,11 +1,14 @@
 """Skill retrieval latency at 100 / 1,000 / 10,000 skills, both modes, and the cost of adding a skill.
 
     python -m benchmarks.retrieval [--sizes 100,1000,10000] [--queries 300] [--encode-limit 1000]
-                                   [--synthetic-vectors] [--quick]
+                                   [--backends torch,onnx] [--synthetic-vectors] [--quick]
 
 Skills are generated synthetically (seeded): pseudo-word descriptions mixed with task keywords, ~30%
 general. Queries are always encoded with the real all-MiniLM-L6-v2 (offline package) unless
-`--synthetic-vectors`; that time is reported separately. Skills are encoded with the real model up to
+`--synthetic-vectors`; that time is reported separately, per query encoder (`--backends`:
+sentence-transformers on torch and the same model on onnxruntime, both on one thread as in a Proxy
+replica, taking turns query by query), together with the search *including* the encode at each size.
+The last backend encodes the skills. Skills are encoded with the real model up to
 `--encode-limit` skills (its throughput is reported, so the one-time cost at larger sizes can be read
 off); above it the skill matrix holds seeded random unit vectors of the same shape, which cost exactly
 the same to score (a 10,000-skill encode takes minutes on 2 busy cores and measures the model, not
@@ -100,7 +103,8 @@ def timed(fn, args_list) -> list[float]:
     return out
 
 
-def bench_size(n: int, queries: list[str], qvecs: np.ndarray, cache: EmbeddingCache) -> dict[str, Any]:
+def bench_size(n: int, queries: list[str], qvecs: np.ndarray, cache: EmbeddingCache,
+               encoders: dict[str, EmbeddingCache]) -> dict[str, Any]:
     skills = synthetic_skills(n)
     res: dict[str, Any] = {"skills": n, "skill_vectors": "random" if isinstance(cache.embedder, RandomEmbedder)
                            else "model"}
@@ -120,7 +124,19 @@ def bench_size(n: int, queries: list[str], qvecs: np.ndarray, cache: EmbeddingCa
     res["embedding_rebuild_cached_s"] = time.perf_counter() - t0
     timed(er.retrieve_vector, [(v, 6, 3) for v in qvecs[:20]])
     res["embedding"] = pct(timed(er.retrieve_vector, [(v, 6, 3) for v in qvecs]))
+    res["embedding_with_encode"] = with_encode(er, queries, encoders)
     return res
+
+
+def with_encode(er: EmbeddingRetriever, queries: list[str], encoders: dict[str, EmbeddingCache]) -> dict[str, Any]:
+    """Per query encoder: encode the query, then retrieve (what a request pays); encoders take turns."""
+    took: dict[str, list[float]] = {name: [] for name in encoders}
+    for q in queries:
+        for name, enc in encoders.items():
+            t0 = time.perf_counter()
+            er.retrieve_vector(enc.encode_query(q), 6, 3)
+            took[name].append(time.perf_counter() - t0)
+    return {name: pct(ts) for name, ts in took.items()}
 
 
 def bench_add(n: int, cache: EmbeddingCache, reps: int = 20) -> dict[str, Any]:
@@ -161,16 +177,39 @@ def bench_add(n: int, cache: EmbeddingCache, reps: int = 20) -> dict[str, Any]:
 
 
 def table(results: dict[str, Any]) -> Table:
-    t = Table(title="skill retrieval (ms; query encoding excluded from embedding rows)")
+    t = Table(title="skill retrieval (ms; query encoding excluded from embedding rows, included in '+ encode')")
+    backends = list(results["query_encoding_by_backend"])
     for col in ("skills", "template p50", "template p99", "embedding p50", "embedding p99",
-                "template build s", "embed build s", "skill vectors", "embed rebuild s (cached)"):
+                *[f"+ encode {b} p50" for b in backends], "template build s", "embed build s", "skill vectors",
+                "embed rebuild s (cached)"):
         t.add_column(col, justify="right")
     for r in results["sizes"]:
         t.add_row(str(r["skills"]), f"{r['template']['p50_ms']:.3f}", f"{r['template']['p99_ms']:.3f}",
                   f"{r['embedding']['p50_ms']:.3f}", f"{r['embedding']['p99_ms']:.3f}",
+                  *[f"{r['embedding_with_encode'][b]['p50_ms']:.2f}" for b in backends],
                   f"{r['template_build_s']:.3f}", f"{r['embedding_build_s']:.2f}", r["skill_vectors"],
                   f"{r['embedding_rebuild_cached_s']:.3f}")
     return t
+
+
+def query_encoders(backends: list[str], synthetic: bool) -> dict[str, EmbeddingCache]:
+    if synthetic:
+        return {"random": EmbeddingCache(RandomEmbedder())}
+    import torch
+
+    torch.set_num_threads(1)  # as in a Proxy replica: Ray sets OMP_NUM_THREADS=1
+    return {b: EmbeddingCache(SentenceEmbedder(backend=b)) for b in backends}
+
+
+def encode_times(encoders: dict[str, EmbeddingCache], queries: list[str]) -> dict[str, dict[str, float]]:
+    """p50/p99 of one query encode per encoder, the encoders taking turns so both see the same load."""
+    took: dict[str, list[float]] = {name: [] for name in encoders}
+    for q in queries:
+        for name, enc in encoders.items():
+            t0 = time.perf_counter()
+            enc.encode_query(q)
+            took[name].append(time.perf_counter() - t0)
+    return {name: pct(ts) for name, ts in took.items()}
 
 
 def main() -> None:
@@ -178,6 +217,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="100,1000,10000")
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--encode-limit", type=int, default=1000, help="largest size encoded by the model")
+    ap.add_argument("--backends", default="torch,onnx",
+                    help="query encoders compared in one run (SentenceEmbedder backends); the last encodes skills")
     ap.add_argument("--synthetic-vectors", action="store_true", help="random vectors instead of the model")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 100 and 1,000 skills, 100 queries, model-encoded skills only at 100")
@@ -185,20 +226,23 @@ def main() -> None:
     if args.quick:
         args.sizes, args.queries, args.encode_limit = "100,1000", 100, 100
     sizes = [int(x) for x in args.sizes.split(",")]
-    model = EmbeddingCache(RandomEmbedder() if args.synthetic_vectors else SentenceEmbedder())
+    encoders = query_encoders(args.backends.split(","), args.synthetic_vectors)
+    primary = list(encoders)[-1]
+    model = encoders[primary]
     random_cache = EmbeddingCache(RandomEmbedder(seed=3))
     queries = synthetic_queries(args.queries)
     qvecs = np.stack([model.encode_query(q) for q in queries])  # also warms the model up
-    enc = timed(lambda q: model.encode_query(q), [(q,) for q in queries[:60]])
+    enc = encode_times(encoders, queries[:60])
     one = synthetic_skills(30, seed=5, prefix="one")
     enc_skill = timed(lambda s: model.skill_matrix([s]), [(s,) for s in one])
     results: dict[str, Any] = {
         "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
                     "cores": os.cpu_count(), "load_avg_1m_at_start": os.getloadavg()[0]},
-        "embedder": "random-384" if args.synthetic_vectors else "all-MiniLM-L6-v2 (cpu)",
-        "query_encoding": pct(enc),
+        "embedder": "random-384" if args.synthetic_vectors else f"all-MiniLM-L6-v2 (cpu, {primary})",
+        "query_encoding": enc[primary],
+        "query_encoding_by_backend": enc,
         "encode_one_skill": pct(enc_skill[5:]),
-        "sizes": [bench_size(n, queries, qvecs, model if n <= args.encode_limit else random_cache)
+        "sizes": [bench_size(n, queries, qvecs, model if n <= args.encode_limit else random_cache, encoders)
                   for n in sizes],
     }
     big = max(sizes)
@@ -208,7 +252,12 @@ def main() -> None:
     console.print(table(results))
     qe, add = results["query_encoding"], results["add"]
     es = results["encode_one_skill"]
-    console.print(f"query encoding: p50 {qe['p50_ms']:.2f} ms, p99 {qe['p99_ms']:.2f} ms; one skill "
+    for name, e in results["query_encoding_by_backend"].items():
+        with_enc = max(results["sizes"], key=lambda r: r["skills"])["embedding_with_encode"][name]
+        console.print(f"{name}: query encoding p50 {e['p50_ms']:.2f} ms, p99 {e['p99_ms']:.2f} ms; embedding "
+                      f"retrieval at {big:,} including the encode p50 {with_enc['p50_ms']:.2f} ms, "
+                      f"p99 {with_enc['p99_ms']:.2f} ms")
+    console.print(f"query encoding ({primary}): p50 {qe['p50_ms']:.2f} ms, p99 {qe['p99_ms']:.2f} ms; one skill "
                   f"p50 {es['p50_ms']:.2f} ms; skill vectors: "
                   + ", ".join(f"{r['skills']}={r['skill_vectors']}" for r in results["sizes"]))
     console.print(f"add one skill at {add['skills']}: p50 {add['add_one_name_dedup']['p50_ms']:.2f} ms "

@@ -1,4 +1,7 @@
-"""Sentence embeddings for skills: the offline model loader and a per-skill cache.
+"""Sentence embeddings for skills (and memory): the offline model loader and a per-skill cache.
+
+`SentenceEmbedder` encodes through onnxruntime when it can (evolve/onnx_encoder.py: the same vectors,
+checked against torch at export) and through sentence-transformers on torch otherwise.
 
 Embeddings are computed once per skill *content* (see `skill_md.content_key`) and kept in an
 `EmbeddingCache`; the SkillBank (near-duplicate refusal) and the retriever share one cache, so a skill is
@@ -22,6 +25,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 _PACKAGED = {DEFAULT_MODEL, f"sentence-transformers/{DEFAULT_MODEL}"}
+BACKENDS = ("auto", "onnx", "torch")
+_fallback_logged = False  # the torch fallback warns once per process, then logs at debug
 
 
 class Embedder(Protocol):
@@ -35,27 +40,72 @@ class Embedder(Protocol):
 
 
 class SentenceEmbedder:
-    """A sentence-transformers model on CPU, loaded from a local folder only (no hub access)."""
+    """A sentence-transformers model on CPU, loaded from a local folder only (no hub access).
 
-    def __init__(self, model: str = DEFAULT_MODEL, batch_size: int = 64):
+    `backend`: "auto" encodes through onnxruntime (evolve/onnx_encoder.py: the same weights exported once
+    under `cache_dir`, the same vectors, a fraction of torch's per-call cost) and falls back to
+    sentence-transformers on torch when that path is unavailable (logged once per process); "onnx"
+    requires it; "torch" never uses it. `cache_dir` None = the default configuration's cache_dir.
+    """
+
+    def __init__(self, model: str = DEFAULT_MODEL, batch_size: int = 64, backend: str = "auto",
+                 cache_dir: str | os.PathLike | None = None):
+        if backend not in BACKENDS:
+            raise ValueError(f"embedding backend {backend!r}: use one of {BACKENDS}")
         self.model_name = model
         self.batch_size = batch_size
-        path = resolve_model_path(model)
-        # NOTE: set before importing sentence_transformers / transformers; they read it at import.
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from sentence_transformers import SentenceTransformer
-
-        self._model = SentenceTransformer(str(path), device="cpu")
-        self.dim = int(self._model.get_embedding_dimension() or 0)
+        self._path = resolve_model_path(model)
         self._lock = threading.Lock()  # torch modules are not safe to call from several threads at once
+        self._model = None  # the sentence-transformers model: loaded only to export or to encode on torch
+        self._onnx = None if backend == "torch" else self._load_onnx(cache_dir, required=backend == "onnx")
+        self.backend = "torch" if self._onnx is None else "onnx"
+        if self._onnx is not None:
+            self._model = None  # loaded only if this process exported the graph: encoding never needs it
+        self.dim = self._onnx.dim if self._onnx is not None else int(self._torch().get_embedding_dimension() or 0)
 
     def encode(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        if self._onnx is not None:
+            return self._onnx.encode(texts, self.batch_size)
+        model = self._torch()
         with self._lock:
-            out = self._model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
-                                     convert_to_numpy=True, show_progress_bar=False)
+            out = model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
+                               convert_to_numpy=True, show_progress_bar=False)
         return np.asarray(out, dtype=np.float32)
+
+    def _torch(self):
+        with self._lock:
+            if self._model is None:
+                # NOTE: set before importing sentence_transformers / transformers; they read it at import.
+                os.environ.setdefault("HF_HUB_OFFLINE", "1")
+                from sentence_transformers import SentenceTransformer
+
+                self._model = SentenceTransformer(str(self._path), device="cpu")
+            return self._model
+
+    def _load_onnx(self, cache_dir: str | os.PathLike | None, required: bool):
+        from evolve.onnx_encoder import OnnxUnavailable, load_or_export
+
+        root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        try:
+            return load_or_export(self._path, root, self._torch)
+        except OnnxUnavailable as e:
+            if required:
+                raise
+            global _fallback_logged
+            level = logging.DEBUG if _fallback_logged else logging.WARNING
+            _fallback_logged = True
+            log.log(level, "embeddings of %s on torch (slower query encodes): the ONNX path is unavailable: %s",
+                    self.model_name, e)
+            return None
+
+
+def default_cache_dir() -> Path:
+    """The default configuration's cache_dir (the repo's .cache); callers holding a config pass theirs."""
+    from core.config import ClawrayConfig
+
+    return ClawrayConfig.model_construct().cache_path()
 
 
 def resolve_model_path(model: str) -> Path:
