@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import uuid
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from core.config import ConfigError
-from core.storage import TMP_PREFIX, fsync_dir, remote_scheme, rename_durably
+from core.storage import TMP_PREFIX, durable_temp, fsync_dir, remote_scheme, rename_durably
 
 FS_PROTOCOL = {"s3": "s3", "gs": "gcs", "gcs": "gcs"}  # storage_root scheme -> fsspec protocol
 # Where botocore finds an S3-compatible endpoint. Not secrets: a driver may hand them to the processes it
@@ -139,18 +138,12 @@ class BlobStore:
             return self.read(key) == data
 
     def _link_new(self, dst: Path, data: bytes) -> None:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=TMP_PREFIX)
+        tmp = durable_temp(dst.parent, data)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
             os.link(tmp, dst)  # atomic, and refuses an existing name (rename would replace it)
             fsync_dir(dst.parent)
         finally:
-            os.unlink(tmp)
+            tmp.unlink()
 
     def delete(self, key: str) -> None:
         """Remove a file or everything under a prefix; a missing key is not an error."""

@@ -107,21 +107,36 @@ def rename_durably(src: Path, dst: Path) -> None:
         fsync_dir(Path(src).parent)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` so readers see the old or the new content, never a partial file; durable
-    when it returns (file and parent directory fsynced)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def durable_temp(folder: Path, data: bytes) -> Path:
+    """`data` in a new fsynced temp file (mode 0644) of `folder`, for the caller to rename or link into
+    place; the caller removes it if that fails."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=TMP_PREFIX)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; these files are meant to be read by other tools
-        rename_durably(Path(tmp), path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return Path(tmp)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so readers see the old or the new content, never a partial file; durable
+    when it returns (file and parent directory fsynced)."""
+    tmp = durable_temp(path.parent, data)
+    try:
+        rename_durably(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path: Path, data: Any) -> None:

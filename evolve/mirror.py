@@ -55,6 +55,7 @@ from core.config import SkillsConfig
 from core.storage import (
     TMP_GRACE_S,
     TMP_PREFIX,
+    atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
     read_json,
@@ -155,22 +156,6 @@ def sha256_file(path: Path) -> str:
 
 def digest_tree(folder: Path) -> dict[str, str]:
     return {rel: sha256_file(folder / rel) for rel in snapshot_paths(folder)}
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    """Atomic, durable replacement of one file (readers see the old or the new bytes)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        rename_durably(Path(tmp), path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def download(blobs: BlobStore, record: dict[str, Any], dest: Path) -> Path:
@@ -405,7 +390,7 @@ class SkillMirror:
         if src.is_file():
             if dst.is_dir():
                 remove_tree(dst)
-            _write_bytes(dst, src.read_bytes())
+            atomic_write_bytes(dst, src.read_bytes())
             return
         if not dst.is_dir():  # new skill: built aside and renamed in, never seen without its SKILL.md
             if dst.exists():
@@ -417,7 +402,7 @@ class SkillMirror:
         wanted = {p.relative_to(src) for p in src.rglob("*") if p.is_file()}
         for rel in sorted(wanted):  # an existing skill: file by file, each replaced atomically
             if not (dst / rel).is_file() or (dst / rel).read_bytes() != (src / rel).read_bytes():
-                _write_bytes(dst / rel, (src / rel).read_bytes())
+                atomic_write_bytes(dst / rel, (src / rel).read_bytes())
         for p in [p for p in dst.rglob("*") if p.is_file() and p.relative_to(dst) not in wanted]:
             p.unlink()
 
