@@ -167,7 +167,8 @@ def openai_client(serve_app):
 # The learning test runs right after: it measures the policy on an empty skill library.
 RUN_FIRST = ("tests/integration/test_demo.py", "tests/integration/test_cluster_autoscaling.py",
              "tests/integration/test_train_job.py",
-             "tests/integration/test_invariant_support_query_overlap.py", "tests/integration/test_train_learning.py")
+             "tests/integration/test_invariant_support_query_overlap.py", "tests/integration/test_blobs_s3.py",
+             "tests/integration/test_train_learning.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

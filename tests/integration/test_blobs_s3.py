@@ -33,6 +33,8 @@ def env(ray_cluster, s3_endpoint, tmp_path: Path, monkeypatch):
     bucket = f"clawray-{uuid.uuid4().hex[:10]}"
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
     storage = StorageLayout(tmp_path / "scratch", blob_root=f"s3://{bucket}/it").ensure()
+    with pytest.raises(ValueError):  # the session's system `Replay` must not exist yet (conftest RUN_FIRST):
+        ray_cluster.get_actor("Replay", namespace="clawray")  # attaching to it, then killing it, broke the suite
     replay = get_or_create_replay(ReplayConfig(lease_timeout_s=120), storage)
     cfg = TrainConfig(num_workers=1, cpus_per_worker=1, batch_size=4, min_fresh_samples=4, lr=1e-2,
                       lora=LoRAConfig(rank=4, alpha=8))
