@@ -44,6 +44,7 @@ def test_status_when_not_running_gives_a_hint(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.cluster  # a whole `clawray start` cluster of its own (~3 min on 2 cores): `make test-cluster`
 def test_start_status_stop_round_trip(tmp_path):
     cfg = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
     cfg["storage_root"] = str(tmp_path / "state")
