@@ -6,6 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.clawray-setup
 MODEL := .cache/tiny-chat/clawray-build.json
+AGENTS := .cache/agents/.installed
 PYTEST_ARGS ?=
 
 export HF_HUB_OFFLINE := 1
@@ -16,7 +17,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export VLLM_CACHE_ROOT := $(CURDIR)/.cache/vllm
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: setup model test test-cluster test-fast demo bench soak lint clean
+.PHONY: setup model agents test test-cluster test-fast demo bench soak lint clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,14 +29,23 @@ $(STAMP): pyproject.toml
 
 $(MODEL): $(STAMP) scripts/make_tiny_model.py
 	$(BIN)/python scripts/make_tiny_model.py
-	@# MiniLM's ONNX export (evolve/onnx_encoder.py), once here rather than in the first replica to start.
-	$(BIN)/python -c "from evolve.embedding import SentenceEmbedder as E; print('query encoder:', E().backend)"
+	@# MiniLM's ONNX export (evolve/onnx_encoder.py) and its static distillation (evolve/static_encoder.py,
+	@# `embedding_encoder: static`; minutes on 2 cores), once here rather than in the first replica to start.
+	$(BIN)/python -c "from evolve.embedding import SentenceEmbedder as E; print('query encoders:', E().backend, E(encoder='static').backend)"
 
 setup: $(STAMP) $(MODEL)
 
+# The real agent CLIs the agent tests drive (Claude Code, Codex, Qwen Code, OpenClaw with its Node 24,
+# Hermes, CoPaw), pinned in agents/versions.json and cached under .cache/agents (never in the venv).
+$(AGENTS): $(STAMP) agents/versions.json scripts/install_agents.sh
+	bash scripts/install_agents.sh
+	@touch $(AGENTS)
+
+agents: $(AGENTS)
+
 model: $(MODEL)
 
-test: setup
+test: setup agents
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not soak and not cluster" $(PYTEST_ARGS)
 
 # Whole-cluster simulations (each starts Ray clusters of its own in subprocesses): kept out of `make test`
@@ -56,7 +66,7 @@ soak: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m soak tests/
 
 lint: setup
-	$(BIN)/ruff check core serve rewards evolve train cluster harness memory scripts benchmarks tests
+	$(BIN)/ruff check core serve rewards evolve train cluster harness memory agents scripts benchmarks tests
 
 clean:
 	rm -rf state/ .cache/vllm

@@ -1,25 +1,29 @@
 """Memory retrieval latency at 100k units per scope, and ingestion throughput.
 
     nice -n 10 python -m benchmarks.memory_retrieval [--units 100000] [--others 2x10000] [--queries 300]
-                                                     [--ingest-turns 200] [--backends torch,onnx] [--quick]
+                                                     [--ingest-turns 200] [--backends torch,onnx,static]
+                                                     [--quick]
 
 A SQLite memory store is filled with `--units` synthetic units in ONE workspace scope (the measured one)
-plus other users' scopes (`--others`), all encoded with the real all-MiniLM-L6-v2. Encoding 120k texts
-takes minutes on 2 cores, so the encoded corpus is cached under .cache/memory_bench/ (gitignored) and
-reruns only rebuild the store. Then:
+plus other users' scopes (`--others`), all encoded with the real all-MiniLM-L6-v2; a second store holds
+the same units encoded with its static distillation (evolve/static_encoder.py: a vector space of its
+own) when `static` is a condition. Encoding 120k texts takes minutes on 2 cores, so the encoded corpora
+are cached under .cache/memory_bench/ (gitignored) and reruns only rebuild the stores. Then:
 
-- retrieval: `MemorySearch.search` per query, end to end as the Proxy calls it (query encoding on a
-  helper thread overlapped with the FTS5 search, binary-prefiltered vector search, fetch with the scope
-  check, fusion), p50/p99; and each stage alone (encode, FTS, vectors, fetch+fuse) p50/p99; per query
-  encoder (`--backends`: sentence-transformers on torch and the same model on onnxruntime, taking
-  turns query by query so both see the same load; the last one runs everything else); cold start
-  (the first search loads the scope's vectors); hit@6 of the unit each query was written for (quality),
-  for hybrid, full text only and vectors only; recall@10 of the prefilter against exact vector search.
+- retrieval: `MemorySearch.search` per query, end to end as the Proxy calls it (the vector leg, query
+  encode then binary-prefiltered vector search, on a helper thread overlapped with the FTS5 search; one
+  fetch of the candidates' rows with the scope check; fusion; units built for the top_k), p50/p99; and
+  each stage alone (encode, FTS, vectors, fetch+fuse) p50/p99; per query encoder (`--backends`:
+  sentence-transformers on torch, the same model on onnxruntime, and `static`, taking turns query by
+  query so all see the same load; the last transformer one runs everything else); cold start (the first
+  search loads the scope's vectors); hit@6 of the unit each query was written for (quality), for hybrid,
+  full text only and vectors only; recall@10 of the prefilter against exact vector search.
 - paraphrases: 20 real facts planted among the synthetic units, asked with questions that share few or
-  no words with them ("which city am I based in?" for "The user lives in Toronto."): hit@6 end to end.
+  no words with them ("which city am I based in?" for "The user lives in Toronto."): hit@6 end to end,
+  per vector space.
 - repeated query: an agent's tool-call steps resend the same user message (the query vector is cached).
-- ingestion: conversations of `--ingest-turns` turns through the offline extractor, MiniLM and
-  consolidation into the 100k scope; turns/s and units/s.
+- ingestion: conversations of `--ingest-turns` turns through the offline extractor, the encoder and
+  consolidation into the 100k scope; turns/s and units/s, per vector space.
 - forgetting one of the other users (its units, FTS rows, vectors; the FTS index rewritten): seconds.
 
 Torch and onnxruntime run on one thread, as in the Ray workers that encode in production (Ray sets
@@ -46,9 +50,11 @@ from rich.table import Table
 from core.config import MemoryConfig
 from evolve.embedding import SentenceEmbedder
 from memory.extract import OfflineExtractor
-from memory.index import ScopeVectors, binary_codes
+from memory.fusion import fuse
+from memory.index import ScopeVectors, adopt_encoder, binary_codes
 from memory.ingest import Ingestor
 from memory.retrieval import MemorySearch
+from memory.rows import unit_of, unit_row
 from memory.sqlite_store import SqliteMemoryStore
 from memory.store import InboxEntry, Plan, ScopeChanges
 from memory.units import Kind, Level, MemoryUnit, Scope, request_scopes
@@ -121,9 +127,10 @@ def corpus(n: int, seed: int) -> tuple[list[tuple[str, str]], list[str]]:
 
 
 def encoded(texts: list[str], embedder: SentenceEmbedder, name: str) -> np.ndarray:
-    """(N, 384) vectors of `texts`, from the cache when this exact corpus was encoded before."""
+    """(N, dim) vectors of `texts`, from the cache when this exact corpus was encoded by this encoder before."""
     CACHE.mkdir(parents=True, exist_ok=True)
-    path = CACHE / f"{name}.npy"
+    tag = "" if embedder.encoder_id == "all-MiniLM-L6-v2" else "-" + embedder.encoder_id.replace("+", "-")
+    path = CACHE / f"{name}{tag}.npy"
     if path.is_file():
         vecs = np.load(path)
         if vecs.shape[0] == len(texts):
@@ -159,10 +166,11 @@ def pct(xs: list[float]) -> dict[str, float]:
 STAGES = ("search", "encode", "full_text", "vectors", "fetch")
 
 
-def measure(searches: dict[str, MemorySearch], queries: list[str], targets: list[str], user: str,
+def measure(searches: dict[str, MemorySearch], queries: list[str], targets: dict[str, list[str]], user: str,
             ws: str) -> dict[str, dict[str, Any]]:
     """Per condition (query encoder): end-to-end search and each stage on its own, plus hit@top_k of the
-    target unit. The conditions take turns query by query, so a change in the machine's load hits all alike."""
+    target unit (`targets`: per condition, its store's ids). The conditions take turns query by query, so
+    a change in the machine's load hits all alike."""
     scopes = request_scopes(user, ws, "bench-session")
     cold = {}
     for name, search in searches.items():
@@ -171,9 +179,9 @@ def measure(searches: dict[str, MemorySearch], queries: list[str], targets: list
         cold[name] = time.perf_counter() - t0
     times = {name: {stage: [] for stage in STAGES} for name in searches}
     hits = {name: {"hybrid": 0, "full_text": 0, "vectors": 0} for name in searches}
-    for q, target in zip(queries, targets, strict=True):
+    for i, q in enumerate(queries):
         for name, search in searches.items():
-            one_query(search, q, target, scopes, times[name], hits[name])
+            one_query(search, q, targets[name][i], scopes, times[name], hits[name])
     n = len(queries)
     return {name: {"cold_first_search_s": round(cold[name], 2), **{st: pct(times[name][st]) for st in STAGES},
                    "hit_at_k": {k: round(v / n, 3) for k, v in hits[name].items()}} for name in searches}
@@ -196,8 +204,10 @@ def one_query(search: MemorySearch, q: str, target: str, scopes: list[Scope], ti
     t = time.perf_counter()
     vec_ids = [u for u, c in index.search(keys, qv, cfg.candidates) if c >= cfg.min_similarity]
     times["vectors"].append(time.perf_counter() - t)
-    t = time.perf_counter()
-    store.fetch(list(dict.fromkeys([*text_ids, *vec_ids])), scopes)
+    t = time.perf_counter()  # as MemorySearch.search: one fetch of the rows, fusion, units for the top_k
+    rows = store.fetch_rows(list(dict.fromkeys([*text_ids, *vec_ids])), scopes)
+    fused = fuse([text_ids, vec_ids], {r[0]: unit_row(r) for r in rows}, time.time(), search.weights)
+    [unit_of(r.row) for r, _ in fused[: cfg.top_k]]
     times["fetch"].append(time.perf_counter() - t)
     hits["full_text"] += target in text_ids[: cfg.top_k]
     hits["vectors"] += target in vec_ids[: cfg.top_k]
@@ -265,63 +275,104 @@ def ingestion(store: SqliteMemoryStore, embedder: SentenceEmbedder, turns: int, 
     return {"turns": n, "turns_per_s": round(n / dt, 1), "units_per_s": round(units / dt, 1)}
 
 
+def make_embedders(backends: list[str]) -> tuple[dict[str, SentenceEmbedder], str]:
+    """Conditions by name (SentenceEmbedder backends, or `static`) and the primary: the last transformer."""
+    import torch
+
+    torch.set_num_threads(1)  # as in a Proxy replica or the Memory actor: Ray sets OMP_NUM_THREADS=1
+    embedders = {b: SentenceEmbedder(encoder="static") if b == "static" else SentenceEmbedder(backend=b)
+                 for b in backends}
+    transformers = [b for b in embedders if b != "static"]
+    return embedders, transformers[-1] if transformers else backends[-1]
+
+
+def build_store(path: Path, embedder: SentenceEmbedder, units: list[tuple[str, str]], n_others: int,
+                per_other: int, now: float) -> tuple[SqliteMemoryStore, list[str], float, np.ndarray]:
+    """A store of the measured scope and the other users' scopes, vectors by `embedder`: (store, the
+    measured scope's ids, its write rate, its vectors)."""
+    store = SqliteMemoryStore(path)
+    adopt_encoder(store, embedder.encoder_id, embedder.encode)  # empty: records the encoder (unless legacy)
+    vecs = encoded([c for _, c in units], embedder, f"main-{len(units)}-s0")
+    ids, write_rate = fill(store, units, vecs, "bench", "ws", now)
+    for o in range(n_others):
+        other, _ = corpus(per_other, seed=100 + o)
+        fill(store, other, encoded([c for _, c in other], embedder, f"other-{per_other}-s{100 + o}"),
+             f"other-{o}", "ws", now)
+    return store, ids, write_rate, vecs
+
+
+def space_quality(store: SqliteMemoryStore, search: MemorySearch, embedder: SentenceEmbedder, vecs: np.ndarray,
+                  queries: list[str], ingest_turns: int) -> dict[str, Any]:
+    """Per vector space: prefilter recall, paraphrase hits, ingestion throughput."""
+    return {"prefilter_recall_at_10": prefilter_recall(vecs, embedder.encode(queries[:100])),
+            "paraphrase_hit_at_k": paraphrases(store, search, embedder, "bench", "ws"),
+            "ingestion": ingestion(store, embedder, ingest_turns, "ws")}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--units", type=int, default=100_000)
     ap.add_argument("--others", default="2x10000", help="other users' scopes: COUNTxUNITS")
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--ingest-turns", type=int, default=200)
-    ap.add_argument("--backends", default="torch,onnx",
-                    help="query encoders compared in one run (SentenceEmbedder backends); the last runs the rest")
+    ap.add_argument("--backends", default="torch,onnx,static",
+                    help="query encoders compared in one run (SentenceEmbedder backends, or static); the last "
+                         "transformer one runs the rest")
     ap.add_argument("--quick", action="store_true", help="10k units, 100 queries, 40 ingested turns")
     args = ap.parse_args(argv)
     if args.quick:
         args.units, args.others, args.queries, args.ingest_turns = 10_000, "1x2000", 100, 40
     n_others, per_other = (int(x) for x in args.others.split("x"))
     load_at_start = round(os.getloadavg()[0], 2)
-    import torch
-
-    torch.set_num_threads(1)  # as in a Proxy replica or the Memory actor: Ray sets OMP_NUM_THREADS=1
-    embedders = {b: SentenceEmbedder(backend=b) for b in args.backends.split(",")}
-    primary = list(embedders)[-1]
-    embedder = embedders[primary]
+    embedders, primary = make_embedders(args.backends.split(","))
     units, queries = corpus(args.units, seed=0)
-    vecs = encoded([c for _, c in units], embedder, f"main-{args.units}-s0")
-    now = time.time()
+    pick = np.random.default_rng(3).choice(args.units, size=args.queries, replace=False)
+    asked, now, cfg = [queries[i] for i in pick], time.time(), MemoryConfig()
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
-        store = SqliteMemoryStore(Path(tmp) / "memory.db")
-        ids, write_rate = fill(store, units, vecs, "bench", "ws", now)
-        for o in range(n_others):
-            other, _ = corpus(per_other, seed=100 + o)
-            fill(store, other, encoded([c for _, c in other], embedder, f"other-{per_other}-s{100 + o}"),
-                 f"other-{o}", "ws", now)
-        rng = np.random.default_rng(3)
-        pick = rng.choice(args.units, size=args.queries, replace=False)
-        cfg = MemoryConfig()
-        searches = {b: MemorySearch(store, cfg, e) for b, e in embedders.items()}
-        search = searches[primary]
-        conditions = measure(searches, [queries[i] for i in pick], [ids[i] for i in pick], "bench", "ws")
-        result = {**conditions[primary], "encoder": primary, "conditions": conditions}
-        qv = embedder.encode([queries[i] for i in pick[:100]])
-        result["prefilter_recall_at_10"] = prefilter_recall(vecs, qv)
-        result["repeated_query"] = repeated(search, queries[int(pick[0])], "bench", "ws")
-        result["paraphrase_hit_at_k"] = paraphrases(store, search, embedder, "bench", "ws")
-        result["ingestion"] = ingestion(store, embedder, args.ingest_turns, "ws")
+        spaces: dict[str, tuple[SqliteMemoryStore, list[str], float, np.ndarray]] = {}
+        for name in [primary, *[n for n in embedders if n != primary]]:  # one store per vector space
+            eid = embedders[name].encoder_id
+            if eid not in spaces:
+                spaces[eid] = build_store(Path(tmp) / f"memory-{len(spaces)}.db", embedders[name], units,
+                                          n_others, per_other, now)
+        searches = {b: MemorySearch(spaces[e.encoder_id][0], cfg, e) for b, e in embedders.items()}
+        conditions = measure(searches, asked, {b: [spaces[e.encoder_id][1][i] for i in pick]
+                                               for b, e in embedders.items()}, "bench", "ws")
+        store, _, write_rate, _ = spaces[embedders[primary].encoder_id]
+        result = {**conditions[primary], "encoder": primary, "conditions": conditions,
+                  "repeated_query": repeated(searches[primary], asked[0], "bench", "ws")}
+        by_space = {}
+        for b, e in embedders.items():
+            if e.encoder_id not in by_space:
+                sp_store, _, _, sp_vecs = spaces[e.encoder_id]
+                by_space[e.encoder_id] = {"conditions": [n for n, x in embedders.items()
+                                                         if x.encoder_id == e.encoder_id],
+                                          **space_quality(sp_store, searches[b], e, sp_vecs, asked, args.ingest_turns)}
+        result["spaces"] = by_space
+        result.update({k: by_space[embedders[primary].encoder_id][k]
+                       for k in ("prefilter_recall_at_10", "paraphrase_hit_at_k", "ingestion")})
         if n_others:  # forgetting a user: delete + FTS optimize + WAL truncate, on the whole store
             t = time.perf_counter()
             result["forget_user_units"] = store.forget("other-0")
             result["forget_user_s"] = round(time.perf_counter() - t, 2)
         for s in searches.values():
             s.close()
-        db_mb = sum(p.stat().st_size for p in Path(tmp).iterdir()) / 2**20
+        db_mb = sum(p.stat().st_size for p in Path(tmp).iterdir() if p.name.startswith("memory-0")) / 2**20
     result.update({"units_in_scope": args.units, "other_scopes": f"{n_others}x{per_other}",
                    "store_write_units_per_s": round(write_rate, 1), "db_mb": round(db_mb, 1),
                    "queries": args.queries, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                    "load_avg_at_start": load_at_start, "load_avg_at_end": round(os.getloadavg()[0], 2)})
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2))
-    table = Table(title=f"memory retrieval at {args.units:,} units in the scope (+ {args.others} other), "
-                        f"{args.queries} queries, load avg {load_at_start} -> {result['load_avg_at_end']}")
+    report(result, primary, args.units, args.others, cfg.top_k)
+    return 0
+
+
+def report(result: dict[str, Any], primary: str, units: int, others: str, top_k: int) -> None:
+    conditions = result["conditions"]
+    table = Table(title=f"memory retrieval at {units:,} units in the scope (+ {others} other), "
+                        f"{result['queries']} queries, load avg {result['load_avg_at_start']} -> "
+                        f"{result['load_avg_at_end']}")
     table.add_column("stage")
     for name in conditions:
         table.add_column(f"{name} p50 ms")
@@ -331,13 +382,15 @@ def main(argv: list[str] | None = None) -> int:
     rq = result["repeated_query"]  # measured with the primary encoder only (its vector is cached)
     table.add_row("repeated_query (vector cached)",
                   *[f"{rq[k]:.2f}" if n == primary else "" for n in conditions for k in ("p50_ms", "p99_ms")])
-    Console().print(table)
-    Console().print(f"hit@{cfg.top_k}: {result['hit_at_k']}; paraphrases {result['paraphrase_hit_at_k']}; prefilter recall@10 {result['prefilter_recall_at_10']}; "
-                    f"cold first search {result['cold_first_search_s']} s; ingestion {result['ingestion']}; "
-                    f"store writes {result['store_write_units_per_s']} units/s; db {result['db_mb']} MB; "
-                    f"forget a user of {result.get('forget_user_units')} units: {result.get('forget_user_s')} s")
-    return 0
-
+    console = Console(width=140)
+    console.print(table)
+    for name, c in conditions.items():
+        console.print(f"{name}: hit@{top_k} {c['hit_at_k']}; cold first search {c['cold_first_search_s']} s")
+    for eid, sp in result["spaces"].items():
+        console.print(f"{eid} ({', '.join(sp['conditions'])}): paraphrases {sp['paraphrase_hit_at_k']}; "
+                      f"prefilter recall@10 {sp['prefilter_recall_at_10']}; ingestion {sp['ingestion']}")
+    console.print(f"store writes {result['store_write_units_per_s']} units/s; db {result['db_mb']} MB; "
+                  f"forget a user of {result.get('forget_user_units')} units: {result.get('forget_user_s')} s")
 
 if __name__ == "__main__":
     raise SystemExit(main())

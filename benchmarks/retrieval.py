@@ -1,18 +1,21 @@
 """Skill retrieval latency at 100 / 1,000 / 10,000 skills, both modes, and the cost of adding a skill.
 
     python -m benchmarks.retrieval [--sizes 100,1000,10000] [--queries 300] [--encode-limit 1000]
-                                   [--backends torch,onnx] [--synthetic-vectors] [--quick]
+                                   [--backends torch,onnx,static] [--synthetic-vectors] [--quick]
 
 Skills are generated synthetically (seeded): pseudo-word descriptions mixed with task keywords, ~30%
 general. Queries are always encoded with the real all-MiniLM-L6-v2 (offline package) unless
 `--synthetic-vectors`; that time is reported separately, per query encoder (`--backends`:
-sentence-transformers on torch and the same model on onnxruntime, both on one thread as in a Proxy
-replica, taking turns query by query), together with the search *including* the encode at each size.
-The last backend encodes the skills. Skills are encoded with the real model up to
-`--encode-limit` skills (its throughput is reported, so the one-time cost at larger sizes can be read
-off); above it the skill matrix holds seeded random unit vectors of the same shape, which cost exactly
-the same to score (a 10,000-skill encode takes minutes on 2 busy cores and measures the model, not
-retrieval). The add-one-skill timing uses a SkillBank on a temporary folder holding the largest size,
+sentence-transformers on torch, the same model on onnxruntime, and its static model2vec distillation
+(evolve/static_encoder.py), all on one thread as in a Proxy replica, taking turns query by query),
+together with the search *including* the (uncached) encode at each size, and each encoder's recall@1/@5
+on the labelled skill queries (benchmarks/skill_recall.py). The static encoder's vectors are in a space
+of their own, so its searches run against skills encoded by it; torch and onnx share one skill matrix,
+encoded by the last transformer backend (the "primary", which also runs the rest). Skills are encoded
+with the real model up to `--encode-limit` skills (its throughput is reported, so the one-time cost at
+larger sizes can be read off); above it the skill matrix holds seeded random unit vectors of the same
+shape, which cost exactly the same to score (a 10,000-skill encode takes minutes on 2 busy cores and
+measures the model, not retrieval). The add-one-skill timing uses a SkillBank on a temporary folder holding the largest size,
 with name-only and with embedding near-duplicate checks (model time for the new skill excluded, reported
 as `encode_one_skill`). Prints a table, writes benchmarks/out/retrieval.json.
 """
@@ -41,17 +44,18 @@ from evolve.retrieval import EmbeddingRetriever, SkillSearch, TemplateRetriever
 from evolve.skill_md import render_skill_md
 from evolve.text import TASK_KEYWORDS
 
+from .skill_recall import encoder_recall
+
 OUT = Path(__file__).resolve().parent / "out" / "retrieval.json"
 CATEGORIES = ["general", *TASK_KEYWORDS]
 
 
 class RandomEmbedder:
-    """Seeded random unit vectors (384-d): the scoring cost of the real model without its encode time."""
+    """Seeded random unit vectors: the scoring cost of a real model (of the same `dim`) without its encode."""
 
-    dim = 384
-
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, dim: int = 384):
         self.rng = np.random.default_rng(seed)
+        self.dim, self.encoder_id = dim, f"random-{dim}"
 
     def encode(self, texts: list[str]) -> np.ndarray:
         v = self.rng.standard_normal((len(texts), self.dim)).astype(np.float32)
@@ -103,9 +107,11 @@ def timed(fn, args_list) -> list[float]:
     return out
 
 
-def bench_size(n: int, queries: list[str], qvecs: np.ndarray, cache: EmbeddingCache,
-               encoders: dict[str, EmbeddingCache]) -> dict[str, Any]:
+def bench_size(n: int, queries: list[str], qvecs: np.ndarray, encoders: dict[str, EmbeddingCache],
+               primary: str, encode_limit: int) -> dict[str, Any]:
     skills = synthetic_skills(n)
+    caches = skill_caches(encoders, primary, n <= encode_limit)
+    cache = caches[primary]
     res: dict[str, Any] = {"skills": n, "skill_vectors": "random" if isinstance(cache.embedder, RandomEmbedder)
                            else "model"}
     tr = TemplateRetriever()
@@ -124,17 +130,37 @@ def bench_size(n: int, queries: list[str], qvecs: np.ndarray, cache: EmbeddingCa
     res["embedding_rebuild_cached_s"] = time.perf_counter() - t0
     timed(er.retrieve_vector, [(v, 6, 3) for v in qvecs[:20]])
     res["embedding"] = pct(timed(er.retrieve_vector, [(v, 6, 3) for v in qvecs]))
-    res["embedding_with_encode"] = with_encode(er, queries, encoders)
+    retrievers = {}
+    for name, c in caches.items():  # one index per vector space: torch and onnx share the primary's
+        retrievers[name] = er if c is cache else EmbeddingRetriever(c)
+        retrievers[name].build(skills)
+    res["embedding_with_encode"] = with_encode(retrievers, queries, encoders)
     return res
 
 
-def with_encode(er: EmbeddingRetriever, queries: list[str], encoders: dict[str, EmbeddingCache]) -> dict[str, Any]:
-    """Per query encoder: encode the query, then retrieve (what a request pays); encoders take turns."""
+def skill_caches(encoders: dict[str, EmbeddingCache], primary: str, model_vectors: bool) -> dict[str, EmbeddingCache]:
+    """Per condition, the cache its skills are encoded through: the primary's for every encoder of the
+    primary's space, its own otherwise; seeded random vectors of the same dim when not `model_vectors`."""
+    own: dict[str, EmbeddingCache] = {}  # encoder_id -> cache
+    out = {}
+    for name in [primary, *[n for n in encoders if n != primary]]:
+        emb = encoders[name].embedder
+        if emb.encoder_id not in own:
+            own[emb.encoder_id] = (encoders[name] if model_vectors
+                                   else EmbeddingCache(RandomEmbedder(seed=3, dim=emb.dim)))
+        out[name] = own[emb.encoder_id]
+    return out
+
+
+def with_encode(retrievers: dict[str, EmbeddingRetriever], queries: list[str],
+                encoders: dict[str, EmbeddingCache]) -> dict[str, Any]:
+    """Per query encoder: encode the query (uncached), then retrieve (what a request with a new message
+    pays); encoders take turns query by query."""
     took: dict[str, list[float]] = {name: [] for name in encoders}
     for q in queries:
         for name, enc in encoders.items():
             t0 = time.perf_counter()
-            er.retrieve_vector(enc.encode_query(q), 6, 3)
+            retrievers[name].retrieve_vector(enc.embedder.encode([q])[0], 6, 3)
             took[name].append(time.perf_counter() - t0)
     return {name: pct(ts) for name, ts in took.items()}
 
@@ -193,21 +219,23 @@ def table(results: dict[str, Any]) -> Table:
 
 
 def query_encoders(backends: list[str], synthetic: bool) -> dict[str, EmbeddingCache]:
+    """Conditions by name: a SentenceEmbedder backend (torch, onnx) or `static` (the distilled encoder)."""
     if synthetic:
         return {"random": EmbeddingCache(RandomEmbedder())}
     import torch
 
     torch.set_num_threads(1)  # as in a Proxy replica: Ray sets OMP_NUM_THREADS=1
-    return {b: EmbeddingCache(SentenceEmbedder(backend=b)) for b in backends}
+    return {b: EmbeddingCache(SentenceEmbedder(encoder="static") if b == "static" else SentenceEmbedder(backend=b))
+            for b in backends}
 
 
 def encode_times(encoders: dict[str, EmbeddingCache], queries: list[str]) -> dict[str, dict[str, float]]:
-    """p50/p99 of one query encode per encoder, the encoders taking turns so both see the same load."""
+    """p50/p99 of one (uncached) query encode per encoder, the encoders taking turns so all see the same load."""
     took: dict[str, list[float]] = {name: [] for name in encoders}
     for q in queries:
         for name, enc in encoders.items():
             t0 = time.perf_counter()
-            enc.encode_query(q)
+            enc.embedder.encode([q])
             took[name].append(time.perf_counter() - t0)
     return {name: pct(ts) for name, ts in took.items()}
 
@@ -217,8 +245,9 @@ def main() -> None:
     ap.add_argument("--sizes", default="100,1000,10000")
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--encode-limit", type=int, default=1000, help="largest size encoded by the model")
-    ap.add_argument("--backends", default="torch,onnx",
-                    help="query encoders compared in one run (SentenceEmbedder backends); the last encodes skills")
+    ap.add_argument("--backends", default="torch,onnx,static",
+                    help="query encoders compared in one run (SentenceEmbedder backends, or static); the last "
+                         "transformer backend encodes the skills and runs the rest")
     ap.add_argument("--synthetic-vectors", action="store_true", help="random vectors instead of the model")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 100 and 1,000 skills, 100 queries, model-encoded skills only at 100")
@@ -227,11 +256,11 @@ def main() -> None:
         args.sizes, args.queries, args.encode_limit = "100,1000", 100, 100
     sizes = [int(x) for x in args.sizes.split(",")]
     encoders = query_encoders(args.backends.split(","), args.synthetic_vectors)
-    primary = list(encoders)[-1]
+    primary = [n for n in encoders if n != "static"][-1] if set(encoders) - {"static"} else "static"
     model = encoders[primary]
     random_cache = EmbeddingCache(RandomEmbedder(seed=3))
     queries = synthetic_queries(args.queries)
-    qvecs = np.stack([model.encode_query(q) for q in queries])  # also warms the model up
+    qvecs = model.embedder.encode(queries)  # also warms the model up
     enc = encode_times(encoders, queries[:60])
     one = synthetic_skills(30, seed=5, prefix="one")
     enc_skill = timed(lambda s: model.skill_matrix([s]), [(s,) for s in one])
@@ -241,9 +270,11 @@ def main() -> None:
         "embedder": "random-384" if args.synthetic_vectors else f"all-MiniLM-L6-v2 (cpu, {primary})",
         "query_encoding": enc[primary],
         "query_encoding_by_backend": enc,
+        "recall_by_backend": ({} if args.synthetic_vectors
+                              else {name: encoder_recall(e.embedder) for name, e in encoders.items()}),
+        "encoder_ids": {name: e.embedder.encoder_id for name, e in encoders.items()},
         "encode_one_skill": pct(enc_skill[5:]),
-        "sizes": [bench_size(n, queries, qvecs, model if n <= args.encode_limit else random_cache, encoders)
-                  for n in sizes],
+        "sizes": [bench_size(n, queries, qvecs, encoders, primary, args.encode_limit) for n in sizes],
     }
     big = max(sizes)
     results["add"] = bench_add(big, model if big <= args.encode_limit else random_cache)
@@ -254,9 +285,11 @@ def main() -> None:
     es = results["encode_one_skill"]
     for name, e in results["query_encoding_by_backend"].items():
         with_enc = max(results["sizes"], key=lambda r: r["skills"])["embedding_with_encode"][name]
+        rec = results["recall_by_backend"].get(name, {})
         console.print(f"{name}: query encoding p50 {e['p50_ms']:.2f} ms, p99 {e['p99_ms']:.2f} ms; embedding "
                       f"retrieval at {big:,} including the encode p50 {with_enc['p50_ms']:.2f} ms, "
-                      f"p99 {with_enc['p99_ms']:.2f} ms")
+                      f"p99 {with_enc['p99_ms']:.2f} ms; labelled queries recall@1 {rec.get('recall_at_1')}, "
+                      f"recall@5 {rec.get('recall_at_5')}")
     console.print(f"query encoding ({primary}): p50 {qe['p50_ms']:.2f} ms, p99 {qe['p99_ms']:.2f} ms; one skill "
                   f"p50 {es['p50_ms']:.2f} ms; skill vectors: "
                   + ", ".join(f"{r['skills']}={r['skill_vectors']}" for r in results["sizes"]))

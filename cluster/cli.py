@@ -1,4 +1,5 @@
-"""`clawray`: setup, start, stop, status, train-step, config, skills, dlq, report (`demo` is mounted by harness/cli.py).
+"""`clawray`: setup, start, stop, status, train-step, config, skills, dlq, report, agents (`demo` is mounted by
+harness/cli.py).
 
 Errors are one clear line plus a hint (exit code 2), never a traceback.
 """
@@ -20,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from core import names
 from core.config import REPO_ROOT, ClawrayConfig, ConfigError, config_from_dict, load_config
 
 # Ray reads its auth mode when it is first imported: the clusters `clawray start` runs use token auth.
@@ -57,11 +59,10 @@ def _connect(cfg: ClawrayConfig) -> None:
         ray.init(address=addr, namespace=cfg.ray.namespace, log_to_driver=False, configure_logging=False)
 
 
-def _actor(name: str):
-    import ray
-
+def _actor(cfg: ClawrayConfig, name: str):
+    """The named actor in the config's namespace, or None when it is not running (one try)."""
     try:
-        return ray.get_actor(name, namespace="clawray")
+        return names.actor(name, cfg.ray.namespace, timeout_s=0)
     except ValueError:
         return None
 
@@ -116,10 +117,10 @@ def gather_status(cfg: ClawrayConfig) -> dict[str, Any]:
         out["proxy"] = httpx.get(base + "/healthz", timeout=5).json() | {"url": base}
     except httpx.HTTPError as e:
         out["proxy"] = {"status": f"unreachable ({type(e).__name__})", "url": base}
-    calls = {"omls": ("OMLS", "state"), "skills": ("Evolver", "stats"), "replay": ("Replay", "stats"),
-             "controller": ("Controller", "status"), "memory": ("Memory", "stats")}
+    calls = {"omls": (names.OMLS, "state"), "skills": (names.EVOLVER, "stats"), "replay": (names.REPLAY, "stats"),
+             "controller": (names.CONTROLLER, "status"), "memory": (names.MEMORY, "stats")}
     for key, (name, method) in calls.items():
-        actor = _actor(name)
+        actor = _actor(cfg, name)
         try:
             out[key] = ray.get(getattr(actor, method).remote(), timeout=15) if actor else {"status": "not running"}
         except Exception as e:  # noqa: BLE001 - a dead part is reported, not fatal to status
@@ -163,7 +164,7 @@ def train_step(config: ConfigOpt = None, steps: Annotated[int, typer.Option(min=
 
     cfg = _cfg(config)
     _connect(cfg)
-    ctl = _actor("Controller")
+    ctl = _actor(cfg, names.CONTROLLER)
     if ctl is None:
         raise CLIError("the Controller is not running", "start clawray with `clawray start`")
     with console.status(f"training {steps} step(s)…"):
@@ -357,6 +358,15 @@ def _mount_state() -> None:
 
 
 _mount_state()
+
+
+def _mount_agents() -> None:
+    from agents.cli import agents_app
+
+    app.add_typer(agents_app, name="agents")
+
+
+_mount_agents()
 
 
 def main() -> None:

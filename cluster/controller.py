@@ -30,6 +30,11 @@ state. The `control/controller.json` file of older releases is adopted once. A r
 finds the run it was driving in `current`: that run died with the old process (Ray Train's controller
 and workers are owned by it); a window run is resumed while its window is open, once `train.job` has
 seen its Ray Train actors gone.
+
+One GPU for the engine and the trainer (`engine.share_gpu_with_training: sleep`): every run the Controller
+starts (window, `rl`, manual) puts the engine to sleep first and wakes it once the run's thread has ended
+and its Ray Train workers are gone; the wake is level-triggered (cluster/gpu_share.py), persisted
+(`engine_slept`) and so also done by a restarted Controller.
 """
 
 from __future__ import annotations
@@ -42,15 +47,17 @@ from typing import Any
 
 import ray
 
+from cluster import gpu_share
+from core import names
 from core.config import ClawrayConfig, StateConfig
 from core.kv import CONTROL_FILE, Conflict, adopt_json, control_store
 from core.storage import StorageLayout, read_json
 
 log = logging.getLogger("clawray.controller")
-NAME = "Controller"
-NAMESPACE = "clawray"
 HISTORY_MAX = 500
 SERVING_PROBE_S = 10.0  # how long the engine may take to answer the start-up probe
+ENGINE_SLEEP_S = 300.0  # how long the engine may take to sleep (in-flight requests finish first) or wake
+WORKERS_GONE_S = 60.0  # how long a wake waits for an ended run's Ray Train workers to be gone
 STATE_KEY = "controller"  # in the control store
 LEGACY_FILE = "controller.json"  # under control/: where releases before the control store kept the state
 
@@ -113,6 +120,11 @@ class ControllerActor:
         self.history: list[dict[str, Any]] = saved.get("history", [])
         self.job = None
         self.current: dict[str, Any] | None = None
+        # One GPU shared with the engine (cluster/gpu_share.py): `engine_slept` is saved before the engine
+        # is asked to sleep and cleared once it answered a wake, so a restarted Controller still wakes it.
+        self.sharing = self.cfg.engine.share_gpu_with_training == "sleep"
+        self.engine_slept: dict[str, Any] | None = saved.get("engine_slept")
+        self._wake_blocked_since: float | None = None  # when a due wake first found training workers alive
         # We died while a run went on (it died with us: Ray Train's controller and workers are owned by
         # this process). A window run is resumed while its window is open; a resume frees its leases.
         lost = saved.get("current")
@@ -135,7 +147,8 @@ class ControllerActor:
     # ---- persistence ------------------------------------------------------------------------------
 
     def _save(self) -> None:
-        doc = {"runs": self.runs, "history": self.history[-HISTORY_MAX:], "current": self.current}
+        doc = {"runs": self.runs, "history": self.history[-HISTORY_MAX:], "current": self.current,
+               "engine_slept": self.engine_slept}
         try:
             self._version = self.store.put(STATE_KEY, doc, self._version)
         except Conflict:
@@ -148,16 +161,18 @@ class ControllerActor:
 
     # ---- wiring to other actors (by name) ---------------------------------------------------------
 
-    @staticmethod
-    def _actor(name: str):
-        try:
-            return ray.get_actor(name, namespace=NAMESPACE)
+    def _actor(self, name: str):
+        try:  # cached (core/names.py); one try: an absent actor is asked for again next tick
+            return names.actor(name, self.cfg.ray.namespace, timeout_s=0)
         except ValueError:
             return None
 
     async def _omls(self, method: str) -> Any:
-        omls = self._actor("OMLS")
-        return None if omls is None else await getattr(omls, method).remote()
+        omls = self._actor(names.OMLS)
+        if omls is None:
+            return None
+        with names.forget_if_dead(names.OMLS, self.cfg.ray.namespace):
+            return await getattr(omls, method).remote()
 
     # ---- job lifecycle ----------------------------------------------------------------------------
 
@@ -187,15 +202,21 @@ class ControllerActor:
                                            f"Controller {self.current['reason']} run {self.current['run']}"))
         job = TrainJob(self.cfg.train, model_path=self.cfg.model_path(), storage=self.layout,
                        run_name="grpo", max_steps=max_steps, lease_s=self.cfg.replay.lease_timeout_s,
-                       holder=f"Controller {reason} run {self.runs + 1}", state=self.cfg.state)
+                       holder=f"Controller {reason} run {self.runs + 1}", state=self.cfg.state,
+                       namespace=self.cfg.ray.namespace)
+        if self.sharing:  # a run we would wait for must not cost serving a sleep
+            await asyncio.to_thread(self._raise_if_locked)
         try:
+            await self._sleep_engine(reason)
             await asyncio.to_thread(job.start)
         except RunLockBusy:
+            await self._sync_engine()
             raise
         except Exception as e:
             self.runs += 1
             self._event("run_finished", run=self.runs, reason=reason, steps=0, stop_reason="error",
                         error=f"could not start: {type(e).__name__}: {e}")
+            await self._sync_engine()
             raise
         self._request_resources(True)
         self.runs += 1
@@ -223,12 +244,74 @@ class ControllerActor:
             data.update(steps=len(result.steps), stop_reason=result.stop_reason, error=result.error,
                         adapters=result.adapters, trained=len(result.trained_sample_ids))
         self._event("run_finished", **data)
+        await self._sync_engine()  # the run's workers are gone: the engine takes its GPU back
+
+    # ---- one GPU shared with the engine (cluster/gpu_share.py) ---------------------------------------
+
+    def _raise_if_locked(self) -> None:
+        from train.run_lock import RunLockBusy, busy_message
+
+        held = self.run_lock.current()
+        if held is not None and not self.run_lock.is_stale(held):
+            raise RunLockBusy(busy_message(held.since, held.describe()), held)
+
+    @staticmethod
+    def _train_workers_alive() -> bool:
+        """Whether Ray Train workers of this process's runs are still alive: a run's thread ends when
+        `fit()` returns, and Ray kills its workers (and so frees their GPU memory) just after."""
+        if not ray.is_initialized():
+            return False
+        from ray._private.state import actors  # Ray's GCS accessor (train/job.py reads it the same way)
+
+        job = ray.JobID.from_hex(ray.get_runtime_context().get_job_id())
+        return any(a["ActorClassName"] == "RayTrainWorker" and a["State"] != "DEAD"
+                   for a in actors(job_id=job).values())
+
+    async def _engine_call(self, method: str) -> Any:
+        from ray import serve
+
+        handle = serve.get_deployment_handle(names.ENGINE, app_name=self.serving_app or names.APP)
+        return await asyncio.wait_for(getattr(handle, method).remote(), ENGINE_SLEEP_S)
+
+    async def _sleep_engine(self, reason: str) -> None:
+        """Before a run on the shared GPU: the engine sleeps (saved first: whatever happens next, a later
+        tick wakes it). Raises when the engine did not sleep: the run must not start beside it."""
+        if gpu_share.engine_action(self.sharing, self.engine_slept is not None, False, True) != gpu_share.SLEEP:
+            return
+        self.engine_slept = {"at": time.time(), "reason": reason}
+        self._save()
+        t0 = time.monotonic()
+        await self._engine_call("sleep")
+        self._event("engine_slept", reason=reason, seconds=round(time.monotonic() - t0, 2))
+
+    async def _sync_engine(self) -> None:
+        """Wake the engine when we put it to sleep and no run of ours trains (the run ended, failed, was
+        stopped, could not start, or died with a previous Controller). A failed wake is logged and asked
+        again on the next tick."""
+        running = self.job is not None and self.job.running
+        if gpu_share.engine_action(self.sharing, self.engine_slept is not None, running, False) != gpu_share.WAKE:
+            return
+        t0 = time.monotonic()
+        if await asyncio.to_thread(self._train_workers_alive):  # their GPU memory is not free yet
+            self._wake_blocked_since = self._wake_blocked_since or t0
+            if t0 - self._wake_blocked_since < WORKERS_GONE_S:
+                return  # next tick
+            log.warning("Ray Train workers still alive %.0f s after their run: waking the engine anyway",
+                        t0 - self._wake_blocked_since)
+        try:
+            await self._engine_call("wake_up")
+        except Exception as e:  # noqa: BLE001 - no app, a replica restarting, GPU memory not free yet: next tick
+            log.warning("the engine did not wake (asked again next tick): %s: %s", type(e).__name__, e)
+            return
+        self.engine_slept, self._wake_blocked_since = None, None
+        self._event("engine_woken", seconds=round(time.monotonic() - t0, 2))
 
     async def _fresh(self) -> int:
-        replay = self._actor("Replay")
+        replay = self._actor(names.REPLAY)
         if replay is None:
             return 0
-        stats = await replay.stats.remote()
+        with names.forget_if_dead(names.REPLAY, self.cfg.ray.namespace):
+            stats = await replay.stats.remote()
         return int(stats.get("trainable", 0))  # fresh samples of the current skill generation
 
     # ---- reconciling with OMLS --------------------------------------------------------------------
@@ -242,10 +325,8 @@ class ControllerActor:
             return True
         from ray import serve
 
-        from cluster.serve_app import ENGINE_DEPLOYMENT
-
         try:
-            handle = serve.get_deployment_handle(ENGINE_DEPLOYMENT, app_name=self.serving_app)
+            handle = serve.get_deployment_handle(names.ENGINE, app_name=self.serving_app)
             await asyncio.wait_for(handle.models.remote(), timeout=SERVING_PROBE_S)
         except Exception as e:  # noqa: BLE001 - no app, no replica yet, or still starting: asked next tick
             log.debug("serving not ready: %s: %s", type(e).__name__, e)
@@ -312,6 +393,7 @@ class ControllerActor:
             if self.cfg.scheduler.mode == "rl" and self._running() is None:
                 if await self._fresh() >= self.cfg.train.min_fresh_samples:
                     await self._start_rl()
+            await self._sync_engine()  # a wake a previous tick (or Controller) could not finish
 
     async def _start_rl(self) -> None:
         from train.run_lock import RunLockBusy
@@ -373,6 +455,7 @@ class ControllerActor:
             "loop": self._loop is not None and not self._loop.done(),
             "job": job,
             "run_lock": lock.to_dict() if lock is not None else None,
+            "engine_asleep": self.engine_slept,  # put to sleep by us for a run on the shared GPU, or None
             "last_run": next((h for h in reversed(self.history) if h["event"] == "run_finished"), None),
         }
 
@@ -383,8 +466,9 @@ class ControllerActor:
 def start_controller(cfg: ClawrayConfig, *, detached: bool = False, poll_s: float | None = None,
                      serving_app: str | None = None):
     """The `Controller` (created, or the running one); `serving_app`: gate runs on that Serve app running."""
+    names.forget(names.CONTROLLER, cfg.ray.namespace)  # this process may hold a killed incarnation's handle
     handle = ray.remote(ControllerActor).options(
-        name=NAME, namespace=NAMESPACE, get_if_exists=True, max_restarts=-1,
+        name=names.CONTROLLER, namespace=cfg.ray.namespace, get_if_exists=True, max_restarts=-1,
         lifetime="detached" if detached else None, num_cpus=0, max_concurrency=16,
     ).remote(cfg.model_dump(mode="json"), poll_s, serving_app)
     ray.get(handle.ready.remote())

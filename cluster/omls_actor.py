@@ -23,6 +23,7 @@ from ray.util import metrics
 from cluster.calendars import GoogleCalendarSignal, ICSCalendarSignal
 from cluster.omls import OMLS, STATE_CODES, Clock, State, Transition
 from cluster.signals import OSIdleSignal, ProxyInactivitySignal, Signal, SleepHoursSignal
+from core import names
 from core.config import SchedulerConfig, StateConfig
 from core.kv import Conflict, adopt_json, control_store
 from core.metrics import hold
@@ -30,8 +31,6 @@ from core.storage import StorageLayout
 
 logger = logging.getLogger(__name__)
 
-ACTOR_NAME = "OMLS"
-NAMESPACE = "clawray"
 STATE_KEY = "omls"  # in the control store
 LEGACY_FILE = "omls.json"  # under control/: where releases before the control store kept the state
 
@@ -241,20 +240,23 @@ def start_omls(
     cfg: SchedulerConfig,
     storage_root: str | Path,
     *,
-    name: str = ACTOR_NAME,
+    name: str = names.OMLS,
+    namespace: str = names.DEFAULT_NAMESPACE,
     detached: bool = False,
     clock: Clock | None = None,
     state: StateConfig | dict | None = None,
 ) -> ray.actor.ActorHandle:
     """Create (or get, if it already runs) the named OMLS actor and wait until it answers.
 
-    `detached=True` keeps it alive after the creating driver exits (what `clawray start` wants).
+    `namespace`: the Ray namespace it is named in (`ray.namespace`). `detached=True` keeps it alive after
+    the creating driver exits (what `clawray start` wants).
     `state`: the config's `state` section (where its state is persisted; None: the embedded SQLite).
     """
     actor_cls = ray.remote(OMLSActor)
+    names.forget(name, namespace)  # a handle this process cached may be of a killed incarnation
     handle = actor_cls.options(
         name=name,
-        namespace=NAMESPACE,
+        namespace=namespace,
         get_if_exists=True,
         lifetime="detached" if detached else None,
         max_restarts=-1,  # the persisted state makes a restart lossless
@@ -264,4 +266,4 @@ def start_omls(
     return handle
 
 
-__all__ = ["ACTOR_NAME", "OMLSActor", "State", "build_signals", "start_omls", "utc_now"]
+__all__ = ["OMLSActor", "State", "build_signals", "start_omls", "utc_now"]

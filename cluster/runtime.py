@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import time
 
-from cluster.serve_app import APP_NAME, build_app
+from cluster.serve_app import build_app
+from core import names
 from core.config import REPO_ROOT, ClawrayConfig
 
 
@@ -36,7 +37,7 @@ def local_custom_resources(cfg: ClawrayConfig) -> dict[str, float]:
 
 
 def start_ray(cfg: ClawrayConfig):
-    """Join `ray.address` or start a local cluster (namespace `clawray`)."""
+    """Join `ray.address` or start a local cluster; this driver's namespace is `ray.namespace`."""
     import ray
 
     for k, v in runtime_env_vars(cfg).items():
@@ -62,7 +63,7 @@ def deploy_serving(cfg: ClawrayConfig, sink_actors: list[str] | None = None, tim
 
     serve.start(http_options={"host": cfg.proxy.host, "port": cfg.proxy.port},
                 proxy_location="HeadOnly" if cfg.proxy.ingress == "head_only" else "EveryNode")
-    serve.run(build_app(cfg, sink_actors=sink_actors), name=APP_NAME, route_prefix="/",
+    serve.run(build_app(cfg, sink_actors=sink_actors), name=names.APP, route_prefix="/",
               blocking=False)
     host = "127.0.0.1" if cfg.proxy.host in ("0.0.0.0", "::") else cfg.proxy.host
     base = f"http://{host}:{cfg.proxy.port}"

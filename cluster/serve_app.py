@@ -10,7 +10,11 @@ of `engine.resources` (configs/gpu.yaml: {clawray_serve: 1}, which only the serv
 
 `serve run configs/serve.yaml` (or `serve deploy`) imports `cluster.serve_app:build` with `args: {config:
 ...}`: the builder brings up or attaches to every named actor of the system first, so that command alone
-runs the whole system (docs/cluster.md "Serve the endpoint").
+runs the whole system (docs/cluster.md "Serve the endpoint"). It has no other side effect: the tiny
+model is built by setup (`make model`); a missing one is a clear error.
+
+Names (core/names.py): the app is `clawray` (configs/serve.yaml names it too), its deployments `Proxy`
+and `PolicyEngine`; every replica gets `ray.namespace`, where the actors it talks to live.
 """
 
 from __future__ import annotations
@@ -18,11 +22,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from core import names
 from core.config import ClawrayConfig, ConfigError, load_config
 from serve.http import is_loopback
 
-APP_NAME = "clawray"
-ENGINE_DEPLOYMENT = "PolicyEngine"  # the engine deployment (or the co-located one that stands in for it)
+APP_NAME = names.APP  # kept importable here for tests/conftest.py; new code asks core.names
 
 
 def engine_env(cfg: ClawrayConfig) -> dict[str, str]:
@@ -111,7 +115,7 @@ def build_proxy(cfg: ClawrayConfig, engine: Any, sink_actors: list[str] | None =
         ray_actor_options={"num_cpus": cfg.proxy.num_cpus,
                            "runtime_env": {"env_vars": dict(PROXY_REPLICA_ENV)}},
     ).bind(engine, cfg.proxy.model_dump(), cfg.skills.model_dump(), str(cfg.storage_path()), sink_actors,
-           memory_args(cfg), cfg.state.model_dump(), cfg.blob_root())
+           memory_args(cfg), cfg.state.model_dump(), cfg.blob_root(), cfg.ray.namespace)
 
 
 def build_colocated(cfg: ClawrayConfig, sink_actors: list[str] | None = None):
@@ -133,7 +137,7 @@ def build_colocated(cfg: ClawrayConfig, sink_actors: list[str] | None = None):
         ray_actor_options={"num_cpus": cfg.engine.num_cpus + cfg.proxy.num_cpus,
                            "num_gpus": cfg.engine.num_gpus, "runtime_env": {"env_vars": env}, **placement(cfg)},
     ).bind(cfg.engine.backend, args, cfg.proxy.model_dump(), cfg.skills.model_dump(), storage, sink_actors,
-           memory_args(cfg), cfg.state.model_dump(), cfg.blob_root())
+           memory_args(cfg), cfg.state.model_dump(), cfg.blob_root(), cfg.ray.namespace)
 
 
 def build_app(cfg: ClawrayConfig, sink_actors: list[str] | None = None):

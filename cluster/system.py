@@ -4,7 +4,9 @@ One path for every way of starting it: the Serve app's builder (`cluster.serve_a
 run configs/serve.yaml` and `serve deploy` import) calls `ensure_actors` and then binds the app;
 `clawray start` (`start_system`) starts Ray and deploys that same app. Order matters only for readiness:
 the sinks exist before their producers (Replay ← PRM ← Proxy outbox; Evolver, Memory ← PRM); the
-Controller gates its runs on the Serve app running. Every actor has its DESIGN.md name.
+Controller gates its runs on the Serve app running. Every actor has its DESIGN.md name (core/names.py)
+in the configured namespace (`ray.namespace`), which this module hands to every actor it starts: each
+finds the others there by name.
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ from typing import Any
 
 import ray
 
+from core import names
 from core.config import ClawrayConfig
+from core.names import Names, names_for
 from core.storage import StorageLayout
 
 log = logging.getLogger("clawray.system")
-MEMORY_NAME = "Memory"
-ACTOR_NAMES = ("Replay", "Evolver", MEMORY_NAME, "OMLS", "Controller")
 
 
 @dataclass
@@ -52,9 +54,7 @@ def start_system(cfg: ClawrayConfig, *, detached: bool = False, progress=None) -
 
 def sink_names(cfg: ClawrayConfig) -> list[str]:
     """The named actors the Proxy's outbox delivers finished turns to (the PRM pool)."""
-    from rewards.pool import prm_name
-
-    return [prm_name(i) for i in range(cfg.rewards.pool_size)]
+    return names_for(cfg).prms
 
 
 def ensure_actors(cfg: ClawrayConfig, *, detached: bool = True, progress=None) -> dict[str, Any]:
@@ -66,9 +66,8 @@ def ensure_actors(cfg: ClawrayConfig, *, detached: bool = True, progress=None) -
     before the Serve app is RUNNING (an idle window must not start training while vLLM is starting)."""
     from cluster.controller import start_controller
     from cluster.omls_actor import start_omls
-    from cluster.serve_app import APP_NAME
     from evolve.actor import get_or_create_evolver
-    from rewards.pool import prm_name, start_prm_pool
+    from rewards.pool import start_prm_pool
     from rewards.sinks import ReplayActorSink
     from train.replay import get_or_create_replay
 
@@ -78,34 +77,39 @@ def ensure_actors(cfg: ClawrayConfig, *, detached: bool = True, progress=None) -
         log.info(msg)
 
     layout = StorageLayout(cfg.storage_path()).ensure()
+    ns = cfg.ray.namespace
     handles: dict[str, Any] = {}
     step("Replay actor (replay buffer)")
-    handles["Replay"] = get_or_create_replay(cfg.replay, layout, detached=detached, state=cfg.state.model_dump())
-    ray.get(handles["Replay"].stats.remote())
+    replay = handles[names.REPLAY] = get_or_create_replay(cfg.replay, layout, detached=detached,
+                                                          state=cfg.state.model_dump(), namespace=ns)
+    ray.get(replay.stats.remote())
     step("Evolver actor (skill library)")
-    handles["Evolver"] = get_or_create_evolver(layout.skills, cfg.skills, cfg.evolver, detached=detached,
-                                               blob_root=cfg.blob_root())
+    evolver = handles[names.EVOLVER] = get_or_create_evolver(layout.skills, cfg.skills, cfg.evolver,
+                                                             detached=detached, blob_root=cfg.blob_root(),
+                                                             namespace=ns)
     # The replay buffer follows the skill library's generation from the start (support/query split).
     # Generations never go back: a skills folder wiped or replaced since Replay last saw generation g is
     # written up to a new generation above g (its S changed), never left below (Replay would retire
     # every new sample served under the lower one).
-    replay_gen = ray.get(handles["Replay"].stats.remote())["generation"]
-    generation = ray.get(handles["Evolver"].reconcile_generation.remote(replay_gen))
-    ray.get(handles["Replay"].set_generation.remote(generation))
+    replay_gen = ray.get(replay.stats.remote())["generation"]
+    generation = ray.get(evolver.reconcile_generation.remote(replay_gen))
+    ray.get(replay.set_generation.remote(generation))
     if cfg.memory.enabled:  # before the PRMs, which tell it about every scored turn
         step("Memory actor (long-term memory)")
-        handles[MEMORY_NAME] = start_memory(cfg, layout, detached=detached)
+        handles[names.MEMORY] = start_memory(cfg, layout, detached=detached)
     step(f"PRM pool ({cfg.rewards.pool_size} actor(s))")
     workspaces = cfg.rewards.workspace_root or str(layout.root / "workspaces")
-    prms = start_prm_pool(cfg.rewards, functools.partial(ReplayActorSink), detached=detached,
-                          tokenizer_path=cfg.model_path(), workspace_root=workspaces,
+    prms = start_prm_pool(cfg.rewards, functools.partial(ReplayActorSink, names.REPLAY, ns), namespace=ns,
+                          detached=detached, tokenizer_path=cfg.model_path(), workspace_root=workspaces,
                           judge_max_tokens=cfg.rewards.judge_max_tokens, engine_judge=engine_judge(cfg),
-                          observer_names=(MEMORY_NAME,) if cfg.memory.enabled else ())
-    handles.update({prm_name(i): h for i, h in enumerate(prms)})
+                          evolver_name=names.EVOLVER,
+                          observer_names=(names.MEMORY,) if cfg.memory.enabled else ())
+    handles.update(zip(sink_names(cfg), prms, strict=True))
     step("OMLS scheduler")
-    handles["OMLS"] = start_omls(cfg.scheduler, layout.root, detached=detached, state=cfg.state.model_dump())
+    handles[names.OMLS] = start_omls(cfg.scheduler, layout.root, detached=detached, namespace=ns,
+                                     state=cfg.state.model_dump())
     step(f"Controller (mode {cfg.scheduler.mode})")
-    handles["Controller"] = start_controller(cfg, detached=detached, serving_app=APP_NAME)
+    handles[names.CONTROLLER] = start_controller(cfg, detached=detached, serving_app=names.APP)
     return handles
 
 
@@ -114,9 +118,7 @@ def engine_judge(cfg: ClawrayConfig) -> dict[str, str] | None:
     `engine`): the engine deployment of the app, by name, and the base model's served name."""
     if cfg.rewards.resolved_judge_source() != "engine":
         return None
-    from cluster.serve_app import APP_NAME, ENGINE_DEPLOYMENT
-
-    return {"deployment": ENGINE_DEPLOYMENT, "app": APP_NAME, "model": cfg.model.served_name}
+    return {"deployment": names.ENGINE, "app": names.APP, "model": cfg.model.served_name}
 
 
 def start_memory(cfg: ClawrayConfig, layout: StorageLayout, *, detached: bool = False):
@@ -126,8 +128,8 @@ def start_memory(cfg: ClawrayConfig, layout: StorageLayout, *, detached: bool = 
     from memory.actor import get_or_create_memory
 
     model = cfg.memory.embedding_model
-    factory = functools.partial(SentenceEmbedder, model) if model else None
-    handle = get_or_create_memory(str(layout.memory), cfg.memory, factory, name=MEMORY_NAME,
+    factory = functools.partial(SentenceEmbedder, model, encoder=cfg.memory.embedding_encoder) if model else None
+    handle = get_or_create_memory(str(layout.memory), cfg.memory, factory, name=names.MEMORY,
                                   namespace=cfg.ray.namespace, detached=detached, state=cfg.state.model_dump())
     ray.get(handle.ready.remote())
     return handle
@@ -143,11 +145,12 @@ def stop_system(cfg: ClawrayConfig | None = None) -> None:
         serve.shutdown()
     except Exception as e:  # noqa: BLE001 - nothing to shut down is fine
         log.info("serve shutdown: %s", e)
-    names = list(ACTOR_NAMES) + [f"PRM-{i}" for i in range(cfg.rewards.pool_size if cfg else 8)]
-    for name in names:
+    system = names_for(cfg) if cfg else Names(pool_size=8)
+    for name in system.actors:
         try:
-            ray.kill(ray.get_actor(name, namespace="clawray"), no_restart=True)
+            ray.kill(names.actor(name, system.namespace, timeout_s=0), no_restart=True)
         except ValueError:
             pass
+        names.forget(name, system.namespace)
     time.sleep(0.5)
     ray.shutdown()

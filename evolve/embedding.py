@@ -1,7 +1,10 @@
 """Sentence embeddings for skills (and memory): the offline model loader and a per-skill cache.
 
 `SentenceEmbedder` encodes through onnxruntime when it can (evolve/onnx_encoder.py: the same vectors,
-checked against torch at export) and through sentence-transformers on torch otherwise.
+checked against torch at export) and through sentence-transformers on torch otherwise; with
+`encoder="static"` it encodes through a static distillation of the same model instead (evolve/static_encoder.py:
+~100x cheaper per query, weaker, and in a vector space of its own). `encoder_id` names the vector space:
+vectors are only ever compared with vectors of the same id.
 
 Embeddings are computed once per skill *content* (see `skill_md.content_key`) and kept in an
 `EmbeddingCache`; the SkillBank (near-duplicate refusal) and the retriever share one cache, so a skill is
@@ -13,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Protocol
 
@@ -26,13 +30,16 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 _PACKAGED = {DEFAULT_MODEL, f"sentence-transformers/{DEFAULT_MODEL}"}
 BACKENDS = ("auto", "onnx", "torch")
+ENCODERS = ("transformer", "static")
 _fallback_logged = False  # the torch fallback warns once per process, then logs at debug
+QUERY_CACHE = 256  # query texts whose vectors an EmbeddingCache keeps (LRU)
 
 
 class Embedder(Protocol):
     """Anything that maps texts to L2-normalised vectors."""
 
     dim: int
+    encoder_id: str  # the vector space: stored vectors of another id are never compared with these
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """(N,) texts -> (N, dim) float32, each row of unit length."""
@@ -42,6 +49,8 @@ class Embedder(Protocol):
 class SentenceEmbedder:
     """A sentence-transformers model on CPU, loaded from a local folder only (no hub access).
 
+    `encoder`: "transformer" runs the model itself; "static" its static distillation (built once under
+    `cache_dir`, evolve/static_encoder.py; raises StaticUnavailable when it cannot be). For the transformer,
     `backend`: "auto" encodes through onnxruntime (evolve/onnx_encoder.py: the same weights exported once
     under `cache_dir`, the same vectors, a fraction of torch's per-call cost) and falls back to
     sentence-transformers on torch when that path is unavailable (logged once per process); "onnx"
@@ -49,14 +58,26 @@ class SentenceEmbedder:
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, batch_size: int = 64, backend: str = "auto",
-                 cache_dir: str | os.PathLike | None = None):
+                 cache_dir: str | os.PathLike | None = None, encoder: str = "transformer"):
         if backend not in BACKENDS:
             raise ValueError(f"embedding backend {backend!r}: use one of {BACKENDS}")
+        if encoder not in ENCODERS:
+            raise ValueError(f"embedding encoder {encoder!r}: use one of {ENCODERS}")
         self.model_name = model
         self.batch_size = batch_size
         self._path = resolve_model_path(model)
         self._lock = threading.Lock()  # torch modules are not safe to call from several threads at once
         self._model = None  # the sentence-transformers model: loaded only to export or to encode on torch
+        self.encoder_id = DEFAULT_MODEL if model in _PACKAGED else str(self._path)
+        self._static = None
+        if encoder == "static":
+            from evolve.static_encoder import load_or_distill
+
+            root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+            self._static = load_or_distill(self._path, root, self.encoder_id)
+            self._onnx, self.backend, self.dim = None, "static", self._static.dim
+            self.encoder_id = self._static.encoder_id
+            return
         self._onnx = None if backend == "torch" else self._load_onnx(cache_dir, required=backend == "onnx")
         self.backend = "torch" if self._onnx is None else "onnx"
         if self._onnx is not None:
@@ -66,6 +87,8 @@ class SentenceEmbedder:
     def encode(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        if self._static is not None:
+            return self._static.encode(texts)
         if self._onnx is not None:
             return self._onnx.encode(texts, self.batch_size)
         model = self._torch()
@@ -137,11 +160,13 @@ def skill_text(skill: Skill) -> str:
 
 
 class EmbeddingCache:
-    """content_key -> unit vector, filled lazily through `embedder`. Thread-safe."""
+    """content_key -> unit vector, filled lazily through `embedder`; and the last `QUERY_CACHE` query
+    vectors. Thread-safe."""
 
     def __init__(self, embedder: Embedder):
         self.embedder = embedder
         self._vecs: dict[str, np.ndarray] = {}
+        self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
 
     @property
@@ -152,8 +177,19 @@ class EmbeddingCache:
         return len(self._vecs)
 
     def encode_query(self, text: str) -> np.ndarray:
-        """(dim,) unit vector of one query text (never cached: queries rarely repeat)."""
-        return self.embedder.encode([text])[0]
+        """(dim,) unit vector of one query text. Cached (LRU): an agent's tool-call steps resend the same
+        last user message, and a transformer encode is most of a retrieval's cost on CPU."""
+        with self._lock:
+            vec = self._queries.get(text)
+            if vec is not None:
+                self._queries.move_to_end(text)
+                return vec
+        vec = self.embedder.encode([text])[0]
+        with self._lock:
+            self._queries[text] = vec
+            while len(self._queries) > QUERY_CACHE:
+                self._queries.popitem(last=False)
+        return vec
 
     def skill_matrix(self, skills: list[Skill], keys: list[str] | None = None) -> np.ndarray:
         """(N, dim) float32 rows for `skills`, encoding only those not seen before."""

@@ -446,7 +446,7 @@ class SnapshotReader:
         self.blobs = BlobStore(blob_root)
         self.cache, self.cfg = Path(cache), cfg
         # One encoder and cache for every snapshot: a skill is encoded once, however many versions it is in.
-        self._embedder = EmbeddingCache(SentenceEmbedder(cfg.embedding_model)) \
+        self._embedder = EmbeddingCache(SentenceEmbedder(cfg.embedding_model, encoder=cfg.embedding_encoder)) \
             if cfg.retrieval == "embedding" else None
         self.version = 0
         self._refused = 0

@@ -124,7 +124,7 @@ def load_or_export(model_dir: Path, cache_dir: Path, load_torch: Callable[[], An
     try:
         if not onnx_path.is_file():
             onnx_path.parent.mkdir(parents=True, exist_ok=True)
-            with _file_lock(onnx_path.with_suffix(".lock")):
+            with file_lock(onnx_path.with_suffix(".lock")):
                 if not onnx_path.is_file():  # another process may have exported it while we waited
                     _export_checked(load_torch(), model_dir, onnx_path, meta_path)
         return OnnxEncoder(onnx_path, json.loads(meta_path.read_text()), model_dir)
@@ -137,7 +137,7 @@ def load_or_export(model_dir: Path, cache_dir: Path, load_torch: Callable[[], An
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
     with open(path, "a+") as fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         try:

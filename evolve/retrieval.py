@@ -263,7 +263,7 @@ class SkillSearch:
                  clock: Callable[[], float] = time.monotonic):
         self.bank, self.cfg, self._clock = bank, cfg, clock
         if cfg.retrieval == "embedding" and embedder is None:
-            embedder = bank.cache or SentenceEmbedder(cfg.embedding_model)
+            embedder = bank.cache or SentenceEmbedder(cfg.embedding_model, encoder=cfg.embedding_encoder)
         self.retriever = make_retriever(cfg.retrieval, embedder)
         self._snapshot = LibrarySnapshot(-1, 0, None)
         self._checked_at = float("-inf")

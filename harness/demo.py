@@ -37,6 +37,7 @@ from rich.markdown import Markdown
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from core import names
 from core.config import REPO_ROOT, ClawrayConfig, config_from_dict
 from core.storage import StorageLayout
 from harness.stages import Evidence, Verdict, evaluate, first_failure
@@ -96,10 +97,10 @@ class Demo:
         return self.system.handles[name]
 
     def _replay(self) -> dict[str, Any]:
-        return ray.get(self._h("Replay").stats.remote())
+        return ray.get(self._h(names.REPLAY).stats.remote())
 
     def _evolver(self) -> dict[str, Any]:
-        return ray.get(self._h("Evolver").stats.remote())
+        return ray.get(self._h(names.EVOLVER).stats.remote())
 
     def _active_adapter(self) -> str | None:
         import httpx
@@ -164,7 +165,7 @@ class Demo:
         turns, scored, observed = self._settle([f"{USERS[0]}-{day.id}"], replay0, observed0)
         gen0 = self._evolver()["generation"]
         support0 = self._replay()["by_state"].get("support", 0)
-        ray.get(self._h("Evolver").evolve_now.remote())
+        ray.get(self._h(names.EVOLVER).evolve_now.remote())
         skills = self._evolver()
         replay = self._replay()
         if i == 0:
@@ -189,13 +190,13 @@ class Demo:
                 "retired": replay["by_state"].get("retired", 0), "fresh": replay["trainable"]}
 
     def _day_adapters(self, day_id: str) -> str:
-        names = {t.adapter_version or "base" for t in self._turns([f"{u}-{day_id}" for u in USERS])}
-        return ", ".join(sorted(names)) or "-"
+        adapters = {t.adapter_version or "base" for t in self._turns([f"{u}-{day_id}" for u in USERS])}
+        return ", ".join(sorted(adapters)) or "-"
 
     def idle_window(self, progress: Progress) -> dict[str, Any]:
         self.ev.fresh_before_window = self._replay()["trainable"]
         task = progress.add_task("users away: waiting for OMLS to open a window", total=None)
-        ctl = self._h("Controller")
+        ctl = self._h(names.CONTROLLER)
         runs0 = ray.get(ctl.status.remote())["runs"]
         if not _wait(lambda: ray.get(ctl.status.remote())["runs"] > runs0, WINDOW_TIMEOUT_S, every=1):
             progress.update(task, description="no training window opened (see `clawray status`)")

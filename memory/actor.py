@@ -22,6 +22,7 @@ from typing import Any
 
 import ray
 
+from core import names
 from core.config import MemoryConfig, StateConfig
 from core.contracts import Sample, Turn
 from core.db import DatabaseError
@@ -198,4 +199,5 @@ def get_or_create_memory(memory_dir: str, cfg: MemoryConfig, embedder_factory: C
     opts: dict[str, Any] = {"name": name, "namespace": namespace, "get_if_exists": True}
     if detached:
         opts["lifetime"] = "detached"
+    names.forget(name, namespace)  # a handle this process cached may be of a killed incarnation
     return Memory.options(**opts).remote(memory_dir, cfg, embedder_factory, state=state)

@@ -40,7 +40,7 @@ memory_app = typer.Typer(name="memory", help="Inspect, search, export and forget
                          no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 out = Console()
 err = Console(stderr=True)
-_embedder_factory: Callable[[str], Embedder] | None = None  # set by the mounting CLI (model name -> embedder)
+_embedder_factory: Callable[..., Embedder] | None = None  # set by the mounting CLI: (model, encoder=) -> embedder
 
 User = Annotated[str | None, typer.Option("--user", "-u", help="user id (X-User-Id)")]
 Workspace = Annotated[str | None, typer.Option("--workspace", "-w", help="workspace id (X-Workspace-Id)")]
@@ -48,7 +48,7 @@ Session = Annotated[str | None, typer.Option("--session", "-s", help="session id
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON")]
 
 
-def set_embedder_factory(factory: Callable[[str], Embedder] | None) -> None:
+def set_embedder_factory(factory: Callable[..., Embedder] | None) -> None:
     global _embedder_factory
     _embedder_factory = factory
 
@@ -127,7 +127,8 @@ def search_cmd(ctx: typer.Context, query: Annotated[str, typer.Argument(help="th
     store, cfg, _ = _open(ctx)
     if not user or not workspace:
         raise _fail("search needs --user and --workspace (the request's scope)")
-    embedder = _embedder_factory(cfg.embedding_model) if _embedder_factory and cfg.embedding_model else None
+    embedder = (_embedder_factory(cfg.embedding_model, encoder=cfg.embedding_encoder)
+                if _embedder_factory and cfg.embedding_model else None)
     searcher = MemorySearch(store, cfg, embedder)
     try:
         rows = _run(lambda: admin.search(searcher, query, user, workspace, session or "-", scope))

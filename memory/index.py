@@ -7,21 +7,42 @@ Why: at 100k units the exact product reads 150 MB per query (~8 ms on an idle 2-
 busy one), the bits read 4.8 MB (~0.6 ms). The bits are stored word-major, (D/64, N): one xor+popcount
 pass per word over a contiguous row is ~6x faster than summing a (N, D/64) array along its short axis.
 Recall against exact search is measured in benchmarks/memory_retrieval.py.
+A scope whose stored vectors were made by another encoder than the index's (`encoder_id`; memory/store.py)
+proposes nothing: its queries would be compared with vectors of another space. The writer's start
+(`adopt_encoder`) re-encodes the store when the configured encoder changes.
 The pure math (`binary_codes`, `hamming`, `top_k`) has no state; `ScopeVectors` and `VectorIndex` hold it.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 
 from memory.store import MemoryStore, ScopeChanges
 from memory.units import Kind
 
+log = logging.getLogger("clawray.memory")
 KIND_CODE = {k: i for i, k in enumerate(Kind)}
 HOLE = -1
+# Vectors stored before the store recorded their encoder were made by the default transformer (the only
+# encoder then): a store without a record is taken to hold this encoder's vectors.
+LEGACY_ENCODER = "all-MiniLM-L6-v2"
+
+
+def adopt_encoder(store: MemoryStore, encoder_id: str, encode: Callable[[list[str]], np.ndarray]) -> int:
+    """Make the store's vectors `encoder_id`'s (the writer, at its start): re-encode every stored vector
+    when the store's were made by another encoder. Returns how many were re-encoded (0: already its own)."""
+    if (store.vector_encoder() or LEGACY_ENCODER) == encoder_id:
+        return 0
+    t0 = time.perf_counter()
+    n = store.reencode(encoder_id, encode)
+    log.info("memory vectors re-encoded with %s: %d units in %.1f s", encoder_id, n, time.perf_counter() - t0)
+    return n
 
 
 def binary_codes(vecs: np.ndarray) -> np.ndarray:
@@ -67,6 +88,7 @@ class ScopeVectors:
     def _reset(self) -> None:
         dim = self.dim
         self.seq = -1  # the store's version of the scope this copy reflects (-1: never synced)
+        self.encoder: str | None = None  # the encoder of the store's vectors at that version
         self.buf = np.zeros((0, dim), dtype=np.float32)
         self.codes_t = np.zeros(((dim + 63) // 64, 0), dtype=np.uint64)  # (W, capacity): word-major
         self.kinds = np.zeros(0, dtype=np.int8)
@@ -95,7 +117,7 @@ class ScopeVectors:
         holes = len(self.ids) - len(self.row)
         if holes and holes * 4 > len(self.ids):
             self._compact()
-        self.seq = ch.seq
+        self.seq, self.encoder = ch.seq, ch.encoder
 
     def _remove(self, uid: str) -> None:
         i = self.row.pop(uid, None)
@@ -157,19 +179,22 @@ def _grow(a: np.ndarray, cap: int, n: int, fill: int) -> np.ndarray:
 class VectorIndex:
     """Scopes' vectors cached from `store`, least recently used scopes dropped past `max_rows` in all.
 
-    Thread-safe. `search` first asks the store for the scopes' versions (one query) and catches up the
-    scopes that changed, so a forget or a supersession is honoured by the next search.
+    Thread-safe. `search` first asks the store for the scopes' versions (one query, or the caller's
+    `versions`) and catches up the scopes that changed, so a forget or a supersession is honoured by the
+    next search. `encoder_id`: the queries' encoder; scopes whose vectors were recorded as another
+    encoder's are skipped (None: not checked).
     """
 
     def __init__(self, store: MemoryStore, dim: int, *, exact_limit: int = 20000, rescore: int = 10,
-                 min_rescore: int = 256, max_rows: int = 1_000_000):
-        self.store, self.dim = store, dim
+                 min_rescore: int = 256, max_rows: int = 1_000_000, encoder_id: str | None = None):
+        self.store, self.dim, self.encoder_id = store, dim, encoder_id
+        self._warned: str | None = None
         self.exact_limit, self.rescore, self.min_rescore, self.max_rows = exact_limit, rescore, min_rescore, max_rows
         self._scopes: OrderedDict[str, ScopeVectors] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _sync(self, keys: list[str]) -> list[ScopeVectors]:
-        versions = self.store.scope_versions(keys)
+    def _sync(self, keys: list[str], versions: dict[str, int] | None = None) -> list[ScopeVectors]:
+        versions = self.store.scope_versions(keys) if versions is None else versions
         out = []
         for key in keys:
             if key not in versions:
@@ -181,7 +206,8 @@ class VectorIndex:
             if sv.seq != versions[key]:
                 sv.apply(self.store.scope_changes(key, sv.seq))
             self._scopes.move_to_end(key)
-            out.append(sv)
+            if self._usable(sv):
+                out.append(sv)
         total = sum(len(s.ids) for s in self._scopes.values())
         for key in list(self._scopes):
             if total <= self.max_rows or key in keys:
@@ -189,11 +215,23 @@ class VectorIndex:
             total -= len(self._scopes.pop(key).ids)
         return out
 
-    def search(self, keys: list[str], q: np.ndarray, k: int, kind: Kind | None = None) -> list[tuple[str, float]]:
-        """The best `k` (unit id, cosine) over the scopes `keys`, best first."""
+    def _usable(self, sv: ScopeVectors) -> bool:
+        """False when the scope's vectors are another encoder's (warned once per encoder seen)."""
+        if sv.encoder is None or self.encoder_id is None or sv.encoder == self.encoder_id:
+            return True
+        if self._warned != sv.encoder:
+            self._warned = sv.encoder
+            log.warning("memory vectors were made by encoder %s, queries by %s: vector search is off until "
+                        "the Memory actor re-encodes them (it does at its start)", sv.encoder, self.encoder_id)
+        return False
+
+    def search(self, keys: list[str], q: np.ndarray, k: int, kind: Kind | None = None,
+               versions: dict[str, int] | None = None) -> list[tuple[str, float]]:
+        """The best `k` (unit id, cosine) over the scopes `keys`, best first. `versions`: the scopes'
+        versions when the caller has just read them (saves a query)."""
         qcode = binary_codes(q[None])[0]
         with self._lock:
-            hits = [h for sv in self._sync(keys) for h in sv.search(
+            hits = [h for sv in self._sync(keys, versions) for h in sv.search(
                 q, qcode, k, kind, self.exact_limit, self.rescore, self.min_rescore)]
         hits.sort(key=lambda h: -h[1])
         return hits[:k]

@@ -24,7 +24,7 @@ from core.config import MemoryConfig
 from core.contracts import Turn, TurnType
 from memory.consolidate import consolidate, same_text
 from memory.extract import OfflineExtractor, working_summary
-from memory.index import VectorIndex
+from memory.index import VectorIndex, adopt_encoder
 from memory.llm_extract import ExtractionError
 from memory.retrieval import Embedder
 from memory.store import InboxEntry, MemoryStore
@@ -113,13 +113,17 @@ def scoped_units(cands: Sequence[Candidate], entries: Sequence[InboxEntry], owne
 class Ingestor:
     """Args: the store, the memory section, the configured extractor, and the embedder (None: no vectors;
     duplicates are then only identical texts). The write side keeps its own `VectorIndex` for the
-    consolidation's nearest-neighbour lookups."""
+    consolidation's nearest-neighbour lookups. With an embedder, the store's vectors are made its own
+    first (re-encoded when another encoder made them: memory/index.py `adopt_encoder`)."""
 
     def __init__(self, store: MemoryStore, cfg: MemoryConfig, extractor: Extractor,
                  embedder: Embedder | None = None):
         self.store, self.cfg, self.extractor, self.embedder = store, cfg, extractor, embedder
         self.offline = OfflineExtractor()
-        self.index = VectorIndex(store, embedder.dim) if embedder is not None else None
+        self.index = None
+        if embedder is not None:
+            adopt_encoder(store, embedder.encoder_id, embedder.encode)
+            self.index = VectorIndex(store, embedder.dim, encoder_id=embedder.encoder_id)
         self.fallbacks = 0
 
     async def extract(self, entries: Sequence[InboxEntry]) -> tuple[list[Candidate], str]:

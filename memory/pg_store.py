@@ -12,6 +12,7 @@ in SQLite (`units`, `scopes`, `tombstones`, `inbox`, `forgets`), with:
   `fts_totals`), so both backends rank alike; common terms are dropped by `max_df` as in SQLite.
 - Vectors as BYTEA (float32 little-endian, as in SQLite).
 - The change sequence is the PostgreSQL sequence `change_seq`.
+- `meta` holds the encoder of the stored vectors (memory/store.py), as SQLite's `meta` table does.
 
 Serialisation: every write is one transaction under `STORE_LOCK` (core/db.py), not a per-scope lock.
 Why: readers catch up per scope by `seq > since`, which holds only if seqs become visible in commit
@@ -38,22 +39,28 @@ import functools
 import math
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from core.config import StateConfig
 from core.db import STORE_LOCK, Conn
 from core.state import open_database
 from memory.rows import (
+    ENCODER_META,
     INBOX_COLS,
     INBOX_DONE_KEEP_S,
+    REENCODE_SELECT,
+    REENCODE_UPDATE,
     TOMBSTONE_KEEP_S,
     UNIT_COLS,
     Stale,
     filter_sql,
     forget_target,
     history_chain,
+    in_scopes,
     inbox_entry,
     inbox_values,
     marks,
@@ -61,6 +68,7 @@ from memory.rows import (
     owner_key,
     owner_keys,
     rarest_terms,
+    reencoded,
     row_of,
     stats_of,
     unit_of,
@@ -104,6 +112,7 @@ CREATE TABLE IF NOT EXISTS vocab (term TEXT PRIMARY KEY, docs BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS fts_totals (
   id BIGINT PRIMARY KEY CHECK (id = 1), docs BIGINT NOT NULL, tokens BIGINT NOT NULL);
 INSERT INTO fts_totals(id, docs, tokens) VALUES (1, 0, 0) ON CONFLICT DO NOTHING;
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
 """
 
 
@@ -342,7 +351,22 @@ class PgMemoryStore:
             c.execute("DELETE FROM inbox WHERE done_at < ?", (now - INBOX_DONE_KEEP_S,))
         return gone
 
+    def reencode(self, encoder: str, encode: Callable[[list[str]], np.ndarray], batch: int = 256) -> int:
+        """As `SqliteMemoryStore.reencode`: one transaction, every scope reloaded by readers."""
+        with self.db.tx(STORE_LOCK) as c:
+            rows = c.execute(REENCODE_SELECT).fetchall()
+            c.executemany(REENCODE_UPDATE, list(reencoded(rows, encode, batch)))
+            seq = self._next_seq(c)
+            c.execute("UPDATE scopes SET seq = ?, floor = ?", (seq, seq))
+            c.execute("INSERT INTO meta(k, v) VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v",
+                      (ENCODER_META, encoder))
+        return len(rows)
+
     # ---- reads ------------------------------------------------------------------------------------
+    def vector_encoder(self) -> str | None:
+        rows = self._read("SELECT v FROM meta WHERE k = ?", (ENCODER_META,))
+        return rows[0][0] if rows else None
+
     def scope_versions(self, keys: list[str]) -> dict[str, int]:
         if not keys:
             return {}
@@ -356,15 +380,18 @@ class PgMemoryStore:
             if head is None:
                 return ScopeChanges([], [], 0, True)
             seq, floor = head
+            enc = c.execute("SELECT v FROM meta WHERE k = ?", (ENCODER_META,)).fetchone()
+            encoder = enc[0] if enc else None
             if since < floor:  # the tombstones needed to catch up are gone (or the scope was re-created)
                 rows = c.execute("SELECT unit_id, kind, vec FROM units WHERE scope_key = ? AND "
                                  "superseded_by IS NULL", (key,)).fetchall()
-                return ScopeChanges([(u, k, v, True) for u, k, v in rows], [], seq, True)
+                return ScopeChanges([(u, k, v, True) for u, k, v in rows], [], seq, True, encoder)
             rows = c.execute("SELECT unit_id, kind, vec, superseded_by IS NULL FROM units WHERE "
                              "scope_key = ? AND seq > ?", (key, since)).fetchall()
             dead = c.execute("SELECT unit_id FROM tombstones WHERE scope_key = ? AND seq > ?",
                              (key, since)).fetchall()
-        return ScopeChanges([(u, k, v, bool(a)) for u, k, v, a in rows], [d[0] for d in dead], seq, False)
+        return ScopeChanges([(u, k, v, bool(a)) for u, k, v, a in rows], [d[0] for d in dead], seq, False,
+                            encoder)
 
     def full_text(self, keys: list[str], query: str, limit: int, max_df: int) -> list[str]:
         """Unit ids of the scopes `keys` ranked by BM25 for `query` (best first); the query terms are
@@ -390,13 +417,15 @@ class PgMemoryStore:
 
         The isolation check: every id that reaches a prompt passes here, whatever index proposed it.
         """
+        return [unit_of(r) for r in self.fetch_rows(unit_ids, scopes)]
+
+    def fetch_rows(self, unit_ids: list[str], scopes: list[Scope]) -> list[tuple]:
+        """`fetch` as stored rows (`UNIT_COLS`), for callers that build units only for some of them."""
         if not unit_ids or not scopes:
             return []
         rows = self._read(f"SELECT {UNIT_COLS} FROM units WHERE superseded_by IS NULL AND unit_id = ANY(?)",
                           (list(unit_ids),))
-        allowed = set(scopes)
-        by_id = {u.unit_id: u for u in map(unit_of, rows) if u.scope in allowed}
-        return [by_id[i] for i in unit_ids if i in by_id]
+        return in_scopes(rows, unit_ids, scopes)
 
     def get(self, unit_id: str) -> MemoryUnit | None:
         rows = self._read(f"SELECT {UNIT_COLS} FROM units WHERE unit_id = ?", (unit_id,))

@@ -1,11 +1,13 @@
 """Hybrid retrieval, the read side the Proxy uses in-process (DESIGN.md's deliberate read-side import).
 
 `MemorySearch.search(query, scopes)`: full text (the store's FTS) and embeddings (the in-process
-`VectorIndex`) each propose `candidates` unit ids; the query is encoded on a helper thread while the full
-text search runs (both release the GIL). Query vectors are cached (LRU, `QUERY_CACHE` texts): an agent's
-tool-call steps resend the same last user message, and encoding is most of the cost on CPU. The proposals are fetched from the store, which drops any
-unit outside the request's exact scopes, superseded or deleted (the isolation check), then fused
-(memory/fusion.py). Scopes that hold no unit cost one SQL query and no encoding.
+`VectorIndex`) each propose `candidates` unit ids; the vector leg (encode the query, then search) runs on
+a helper thread while the full text search runs (the encoder, numpy and SQLite release the GIL). Query
+vectors are cached (LRU, `QUERY_CACHE` texts): an agent's tool-call steps resend the same last user
+message, and a transformer encode is most of the cost on CPU. The proposals' stored rows are fetched in
+one query, which drops any unit outside the request's exact scopes, superseded or deleted (the isolation
+check), then fused (memory/fusion.py) on those rows; units are built only for the `top_k` kept.
+Scopes that hold no unit cost one SQL query and no encoding.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 from core.config import MemoryConfig
 from memory.fusion import FusionWeights, fuse
 from memory.index import VectorIndex
+from memory.rows import unit_of, unit_row
 from memory.store import MemoryStore
 from memory.units import MemoryUnit, Scope
 
@@ -33,6 +36,7 @@ class Embedder(Protocol):
     the model the skills plane uses: `evolve.embedding.SentenceEmbedder` has this shape)."""
 
     dim: int
+    encoder_id: str  # the vector space (stored vectors record theirs: memory/index.py)
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """(N,) texts -> (N, dim) float32 unit rows."""
@@ -56,8 +60,8 @@ class MemorySearch:
 
     def __init__(self, store: MemoryStore, cfg: MemoryConfig, embedder: Embedder | None = None):
         self.store, self.cfg, self.embedder = store, cfg, embedder
-        self.index = (VectorIndex(store, embedder.dim, exact_limit=cfg.exact_search_limit)
-                      if embedder is not None else None)
+        self.index = (VectorIndex(store, embedder.dim, exact_limit=cfg.exact_search_limit,
+                                  encoder_id=embedder.encoder_id) if embedder is not None else None)
         self.weights = weights_of(cfg)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="memory-encode") if embedder is not None else None
         self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()  # query text -> vector (LRU)
@@ -77,17 +81,23 @@ class MemorySearch:
         present = [k for k in keys if k in versions]
         if not present or not query.strip() or self.cfg.top_k == 0:
             return SearchResult([], 0, 0, time.perf_counter() - t0)
-        cached = self._cached(query)
-        encoding = self._pool.submit(self._encode, query) if cached is None and self._pool is not None else None
+        vector_leg = (self._pool.submit(self._vector_ids, query, present, {k: versions[k] for k in present})
+                      if self._pool is not None else None)
         text_ids = self.store.full_text(present, query, self.cfg.candidates, self.cfg.fts_max_df)
-        vec_ids: list[str] = []
-        qvec = encoding.result() if encoding is not None else cached
-        if qvec is not None and self.index is not None:
-            hits = self.index.search(present, qvec, self.cfg.candidates)
-            vec_ids = [uid for uid, cos in hits if cos >= self.cfg.min_similarity]
-        units = self.store.fetch(list(dict.fromkeys([*text_ids, *vec_ids])), scopes)
-        fused = fuse([text_ids, vec_ids], {u.unit_id: u for u in units}, now, self.weights)
-        return SearchResult(fused[: self.cfg.top_k], len(text_ids), len(vec_ids), time.perf_counter() - t0)
+        vec_ids = vector_leg.result() if vector_leg is not None else []
+        rows = self.store.fetch_rows(list(dict.fromkeys([*text_ids, *vec_ids])), scopes)
+        # fuse reads unit_id, kind, updated_at and confidence: the rows carry them, units are built for top_k
+        fused = fuse([text_ids, vec_ids], {r[0]: unit_row(r) for r in rows}, now, self.weights)
+        hits = [(unit_of(r.row), score) for r, score in fused[: self.cfg.top_k]]
+        return SearchResult(hits, len(text_ids), len(vec_ids), time.perf_counter() - t0)
+
+    def _vector_ids(self, query: str, keys: list[str], versions: dict[str, int]) -> list[str]:
+        """The vector leg: ids of the best `candidates` units at or above `min_similarity`."""
+        qvec = self._cached(query)
+        if qvec is None:
+            qvec = self._encode(query)
+        hits = self.index.search(keys, qvec, self.cfg.candidates, versions=versions)  # type: ignore[union-attr]
+        return [uid for uid, cos in hits if cos >= self.cfg.min_similarity]
 
     def _cached(self, query: str) -> np.ndarray | None:
         with self._cache_lock:

@@ -19,20 +19,26 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from memory.rows import (
+    ENCODER_META,
     INBOX_COLS,
     INBOX_DONE_KEEP_S,
+    REENCODE_SELECT,
+    REENCODE_UPDATE,
     TOMBSTONE_KEEP_S,
     UNIT_COLS,
     Stale,
     filter_sql,
     forget_target,
     history_chain,
+    in_scopes,
     inbox_entry,
     inbox_values,
     marks,
@@ -40,6 +46,7 @@ from memory.rows import (
     owner_key,
     owner_keys,
     rarest_terms,
+    reencoded,
     row_of,
     stats_of,
     unit_of,
@@ -278,7 +285,23 @@ class SqliteMemoryStore:
             db.execute("DELETE FROM inbox WHERE done_at < ?", (now - INBOX_DONE_KEEP_S,))
         return gone
 
+    def reencode(self, encoder: str, encode: Callable[[list[str]], np.ndarray], batch: int = 256) -> int:
+        """Replace every stored vector by `encode` of its unit's content and record `encoder`, in one
+        transaction (readers keep the old vectors and id until it commits); every scope's floor moves, so
+        readers reload each scope whole. Returns the number of vectors re-encoded."""
+        with self._tx() as db:
+            rows = db.execute(REENCODE_SELECT).fetchall()
+            db.executemany(REENCODE_UPDATE, reencoded(rows, encode, batch))
+            seq = self._next_seq(db)
+            db.execute("UPDATE scopes SET seq = ?, floor = ?", (seq, seq))
+            db.execute("INSERT INTO meta(k, v) VALUES (?, ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v",
+                       (ENCODER_META, encoder))
+        return len(rows)
+
     # ---- reads ------------------------------------------------------------------------------------
+    def vector_encoder(self) -> str | None:
+        return self.meta(ENCODER_META)
+
     def scope_versions(self, keys: list[str]) -> dict[str, int]:
         if not keys:
             return {}
@@ -291,15 +314,18 @@ class SqliteMemoryStore:
             if head is None:
                 return ScopeChanges([], [], 0, True)
             seq, floor = head
+            enc = self._db.execute("SELECT v FROM meta WHERE k = ?", (ENCODER_META,)).fetchone()
+            encoder = enc[0] if enc else None
             if since < floor:  # the tombstones needed to catch up are gone (or the scope was re-created)
                 rows = self._db.execute("SELECT unit_id, kind, vec FROM units WHERE scope_key = ? AND "
                                         "superseded_by IS NULL", (key,)).fetchall()
-                return ScopeChanges([(u, k, v, True) for u, k, v in rows], [], seq, True)
+                return ScopeChanges([(u, k, v, True) for u, k, v in rows], [], seq, True, encoder)
             rows = self._db.execute("SELECT unit_id, kind, vec, superseded_by IS NULL FROM units WHERE "
                                     "scope_key = ? AND seq > ?", (key, since)).fetchall()
             dead = self._db.execute("SELECT unit_id FROM tombstones WHERE scope_key = ? AND seq > ?",
                                     (key, since)).fetchall()
-        return ScopeChanges([(u, k, v, bool(a)) for u, k, v, a in rows], [d[0] for d in dead], seq, False)
+        return ScopeChanges([(u, k, v, bool(a)) for u, k, v, a in rows], [d[0] for d in dead], seq, False,
+                            encoder)
 
     def full_text(self, keys: list[str], query: str, limit: int, max_df: int) -> list[str]:
         """Unit ids of the scopes `keys` ranked by BM25 for `query` (best first).
@@ -329,13 +355,15 @@ class SqliteMemoryStore:
 
         The isolation check: every id that reaches a prompt passes here, whatever index proposed it.
         """
+        return [unit_of(r) for r in self.fetch_rows(unit_ids, scopes)]
+
+    def fetch_rows(self, unit_ids: list[str], scopes: list[Scope]) -> list[tuple]:
+        """`fetch` as stored rows (`UNIT_COLS`), for callers that build units only for some of them."""
         if not unit_ids or not scopes:
             return []
         rows = self._read(f"SELECT {UNIT_COLS} FROM units WHERE superseded_by IS NULL AND unit_id IN "
                           f"({marks(len(unit_ids))})", list(unit_ids))
-        allowed = set(scopes)
-        by_id = {u.unit_id: u for u in map(unit_of, rows) if u.scope in allowed}
-        return [by_id[i] for i in unit_ids if i in by_id]
+        return in_scopes(rows, unit_ids, scopes)
 
     def get(self, unit_id: str) -> MemoryUnit | None:
         rows = self._read(f"SELECT {UNIT_COLS} FROM units WHERE unit_id = ?", (unit_id,))

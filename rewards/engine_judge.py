@@ -66,6 +66,8 @@ class EngineJudge:
                 # raised through the handle; rewards/ does not import serve/): not worth retrying
                 self.usage.failures += 1
                 cause = e.cause if isinstance(e, RayTaskError) and e.cause is not None else e
+                if getattr(cause, "status", None) == 503:  # it sleeps while a run trains on its GPU: passes
+                    raise LLMError(f"{self.where} unavailable: {str(cause)[:200]}", retryable=True) from None
                 raise LLMError(f"{self.where} refused the judge request: {str(cause)[:300]}") from None
         self.usage.calls += 1
         usage = reply.body.get("usage") or {}

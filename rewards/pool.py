@@ -8,16 +8,13 @@ from typing import Any
 
 import ray
 
+from core import names
 from core.config import RewardsConfig
 from core.contracts import Turn
 from rewards.prm import PRM
-from rewards.sinks import NAMESPACE, SampleSink
+from rewards.sinks import SampleSink
 
 READY_TIMEOUT_S = 120.0
-
-
-def prm_name(i: int) -> str:
-    return f"PRM-{i}"
 
 
 def start_prm_pool(
@@ -25,7 +22,7 @@ def start_prm_pool(
     sink_factory: Callable[[], SampleSink],
     n: int | None = None,
     *,
-    namespace: str = NAMESPACE,
+    namespace: str = names.DEFAULT_NAMESPACE,
     detached: bool = False,
     num_cpus: float = 0.1,
     **prm_kwargs: Any,
@@ -36,6 +33,7 @@ def start_prm_pool(
         cfg: the rewards section (`pool_size` when `n` is None, `max_concurrency` per actor).
         sink_factory: builds each actor's sink inside the actor (see `PRM`).
         n: pool size (default `cfg.pool_size`).
+        namespace: the Ray namespace of the actors and of the ones they deliver to (`ray.namespace`).
         detached: outlive the driver (`lifetime="detached"`).
         num_cpus: logical CPUs per actor (scoring waits on I/O, so a fraction).
         prm_kwargs: forwarded to `PRM` (tokenizer_path, workspace_root, ...).
@@ -44,10 +42,12 @@ def start_prm_pool(
         tokenizer) before returning, so a bad config fails at startup rather than per turn.
     """
     n = cfg.pool_size if n is None else n
+    for i in range(n):  # a handle this process cached may be of a killed incarnation
+        names.forget(names.prm_name(i), namespace)
     actor_cls = ray.remote(PRM)
     handles = [
         actor_cls.options(
-            name=prm_name(i),
+            name=names.prm_name(i),
             namespace=namespace,
             lifetime="detached" if detached else None,
             get_if_exists=True,
@@ -75,9 +75,9 @@ class PRMPool:
         self.handles = list(handles)
 
     @classmethod
-    def from_names(cls, n: int, namespace: str = NAMESPACE) -> PRMPool:
+    def from_names(cls, n: int, namespace: str = names.DEFAULT_NAMESPACE) -> PRMPool:
         """Attach to a running pool by name (e.g. from the serving plane)."""
-        return cls([ray.get_actor(prm_name(i), namespace=namespace) for i in range(n)])
+        return cls([names.actor(names.prm_name(i), namespace) for i in range(n)])
 
     def pick(self, session_id: str) -> Any:
         return self.handles[zlib.crc32(session_id.encode()) % len(self.handles)]

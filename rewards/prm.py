@@ -25,11 +25,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core import names
 from core.config import RewardsConfig
 from core.contracts import Sample, Turn
 from rewards.errors import ScoringError, SinkUnavailable
 from rewards.scorer import DEFAULT_JUDGE_MAX_TOKENS, Scorer
-from rewards.sinks import NAMESPACE, SampleSink
+from rewards.sinks import SampleSink
 
 log = logging.getLogger(__name__)
 
@@ -40,29 +41,27 @@ class EvolverNotifier:
     """Fire-and-forget `<name>.observe.remote(turn, sample)` (the Evolver, the Memory actor); never fails
     the caller."""
 
-    def __init__(self, name: str = "Evolver", namespace: str = NAMESPACE):
+    def __init__(self, name: str = names.EVOLVER, namespace: str = names.DEFAULT_NAMESPACE):
         self.name = name
         self.namespace = namespace
-        self._handle: Any = None
         self._next_lookup = 0.0
 
     def notify(self, turn: Turn, sample: Sample) -> bool:
-        import ray
-
-        if self._handle is None:
+        handle = names.cached(self.name, self.namespace)
+        if handle is None:
             if time.monotonic() < self._next_lookup:
                 return False
             try:
-                self._handle = ray.get_actor(self.name, namespace=self.namespace)
+                handle = names.actor(self.name, self.namespace, timeout_s=0)
             except ValueError:  # no Evolver running: skills-only evolution is optional
                 self._next_lookup = time.monotonic() + EVOLVER_LOOKUP_EVERY_S
                 return False
         try:
-            self._handle.observe.remote(turn, sample)  # result deliberately not awaited
+            handle.observe.remote(turn, sample)  # result deliberately not awaited
             return True
         except Exception as e:  # noqa: BLE001 - a dead/odd Evolver handle must never fail scoring
             log.warning("%s notify failed (%s); looking it up again later", self.name, type(e).__name__)
-            self._handle = None
+            names.forget(self.name, self.namespace)
             return False
 
 
@@ -78,6 +77,7 @@ class PRM:
         evolver_name: the named actor told about each scored turn.
         observer_names: more named actors told the same way (`observe(turn, sample)`, fire-and-forget),
             e.g. the `Memory` actor; the composition root names them.
+        namespace: the Ray namespace those actors live in (`ray.namespace`).
     """
 
     def __init__(
@@ -87,9 +87,9 @@ class PRM:
         *,
         tokenizer_path: str | None = None,
         workspace_root: str | Path | None = None,
-        evolver_name: str = "Evolver",
+        evolver_name: str = names.EVOLVER,
         observer_names: tuple[str, ...] = (),
-        namespace: str = NAMESPACE,
+        namespace: str = names.DEFAULT_NAMESPACE,
         judge_max_tokens: int = DEFAULT_JUDGE_MAX_TOKENS,
         engine_judge: dict[str, str] | None = None,
     ):

@@ -17,10 +17,9 @@ import threading
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from core import names
 from core.contracts import Sample
 from rewards.errors import SinkUnavailable
-
-NAMESPACE = "clawray"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS samples (
@@ -104,23 +103,20 @@ class LocalSampleSink:
 class ReplayActorSink:
     """Appends through the named `Replay` actor: `await Replay.append.remote(samples) -> int`.
 
-    The handle is looked up by name on first use and again after a failure (the actor may have
-    been restarted or started late). Any failure is a retryable SinkUnavailable.
+    The handle is looked up by name (core/names.py, one try) on first use and again after a failure
+    (the actor may have been restarted or started late). Any failure is a retryable SinkUnavailable.
     """
 
-    def __init__(self, name: str = "Replay", namespace: str = NAMESPACE):
+    def __init__(self, name: str = names.REPLAY, namespace: str = names.DEFAULT_NAMESPACE):
         self.name = name
         self.namespace = namespace
-        self._handle = None
 
     async def append(self, samples: list[Sample]) -> int:
-        import ray  # only this sink needs Ray; LocalSampleSink works without it
-        from ray.exceptions import RayError
+        from ray.exceptions import RayError  # only this sink needs Ray; LocalSampleSink works without it
 
         try:
-            if self._handle is None:
-                self._handle = ray.get_actor(self.name, namespace=self.namespace)
-            return int(await self._handle.append.remote(samples))
+            handle = await names.actor_async(self.name, self.namespace, timeout_s=0)
+            return int(await handle.append.remote(samples))
         except (ValueError, RayError) as e:  # ValueError: no actor of that name (yet)
-            self._handle = None
+            names.forget(self.name, self.namespace)
             raise SinkUnavailable(f"replay actor {self.name!r} did not store the samples: {e}") from e

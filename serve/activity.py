@@ -10,14 +10,16 @@ import asyncio
 import logging
 import time
 
+from core import names
+
 log = logging.getLogger("clawray.activity")
 
 
 class ActivityReporter:
-    def __init__(self, actor_name: str = "OMLS", namespace: str = "clawray", interval_s: float = 2.0):
+    def __init__(self, actor_name: str = names.OMLS, namespace: str = names.DEFAULT_NAMESPACE,
+                 interval_s: float = 2.0):
         self.actor_name, self.namespace, self.interval_s = actor_name, namespace, interval_s
         self._last = 0.0
-        self._handle = None
         self._busy = False
 
     def note(self) -> None:
@@ -29,19 +31,17 @@ class ActivityReporter:
 
     async def _send(self, ts: float) -> None:
         try:
-            if self._handle is None:
-                import ray
+            import ray
 
-                if not ray.is_initialized():  # not in a Ray worker: never let get_actor start/join a cluster
-                    self._last = time.time() + 30.0
-                    return
-                self._handle = await asyncio.to_thread(ray.get_actor, self.actor_name, self.namespace)
-            self._handle.report_activity.remote(ts)
+            if not ray.is_initialized():  # not in a Ray worker: never let get_actor start/join a cluster
+                self._last = time.time() + 30.0
+                return
+            handle = await names.actor_async(self.actor_name, self.namespace, timeout_s=0)
+            handle.report_activity.remote(ts)
         except ValueError:  # no OMLS actor (serving alone): look again in a while, not every request
-            self._handle = None
             self._last = time.time() + 30.0
         except Exception as e:  # noqa: BLE001 - reporting must never affect serving
             log.debug("activity report failed: %s", e)
-            self._handle = None
+            names.forget(self.actor_name, self.namespace)
         finally:
             self._busy = False

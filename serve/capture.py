@@ -4,10 +4,12 @@ vLLM's serving layer (OpenAI chat, Anthropic messages, streaming or not, tool pa
 `engine_client.generate(prompt, sampling_params, request_id, lora_request=...)`. `TappedEngineClient`
 wraps the engine client handed to those serving objects and tees every `RequestOutput` of requests we
 registered into a `Capture`: the prompt ids the engine rendered, the ids it sampled, its own logprob of
-each sampled id, and the sampling parameters it ran (read from the actual `SamplingParams`, so server
-defaults count too). The engine runs with `logprobs_mode=processed_logprobs` (serve/vllm_engine.py),
-so each logprob is the token's under the distribution it was sampled from (after temperature, top-k,
-top-p), which is what the trainer's importance ratio divides by. Nothing is parsed back out of SSE text
+each sampled id, and the sampling parameters it ran, the output-token limit included (read from the
+actual `SamplingParams`, so server defaults and the context clamp count too). vLLM's Responses layer
+calls the same `generate`, so Responses turns are captured the same way. The engine runs with
+`logprobs_mode=processed_logprobs` (serve/vllm_engine.py), so each logprob is the token's under the
+distribution it was sampled from (after temperature, top-k, top-p), which is what the trainer's
+importance ratio divides by. Nothing is parsed back out of SSE text
 and nothing is re-tokenized, whatever the protocol or stream format.
 """
 
@@ -38,6 +40,7 @@ class Capture:
     choices: dict[int, ChoiceCapture] = field(default_factory=dict)
     adapter: str | None = None  # LoRA name the engine ran (None = base)
     sampling: Sampling = field(default_factory=Sampling)  # what every choice was sampled with
+    max_tokens: int | None = None  # the output-token limit the engine ran (granted: serve/budget.py)
     done: bool = False
 
     def choice(self, index: int) -> ChoiceCapture:
@@ -121,6 +124,7 @@ class TappedEngineClient:
         lora = kwargs.get("lora_request")
         cap.adapter = lora.lora_name if lora is not None else None
         cap.sampling = sampling_of(sampling_params)
+        cap.max_tokens = sampling_params.max_tokens
         from vllm.sampling_params import RequestOutputKind
 
         delta = sampling_params.output_kind == RequestOutputKind.DELTA

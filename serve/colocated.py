@@ -17,6 +17,7 @@ from typing import Any
 
 from ray import serve
 
+from core import names
 from serve.local_handle import LocalHandle
 from serve.metrics import EngineMetrics
 from serve.protocol import Reply
@@ -43,7 +44,8 @@ def _relayed(method: str):
 class ColocatedEngine(Proxy.func_or_class):
     async def __init__(self, backend: str, engine_args: tuple, proxy: dict, skills: dict, storage_root: str,
                        sink_actors: list[str] | None = None, memory: dict | None = None,
-                       state: dict | None = None, blob_root: str | None = None):
+                       state: dict | None = None, blob_root: str | None = None,
+                       namespace: str = names.DEFAULT_NAMESPACE):
         if backend == "upstream":
             from serve.upstream import UpstreamEngineImpl
 
@@ -56,7 +58,7 @@ class ColocatedEngine(Proxy.func_or_class):
         if hasattr(self.policy, "start"):
             await self.policy.start()
         await super().__init__(LocalHandle(self.policy), proxy, skills, storage_root, sink_actors, memory, state,
-                               blob_root)
+                               blob_root, namespace)
 
     # ---- the engine's handle methods, for callers that find `PolicyEngine` by name ----------------------
     # All of them, so this deployment is a drop-in `PolicyEngine`: the trainer's publish finds it by name,
@@ -68,8 +70,12 @@ class ColocatedEngine(Proxy.func_or_class):
     async def messages(self, body: dict[str, Any]) -> Reply:
         return await self.policy.messages(body)
 
+    async def responses(self, body: dict[str, Any]) -> Reply:
+        return await self.policy.responses(body)
+
     chat_stream = _relayed("chat_stream")
     messages_stream = _relayed("messages_stream")
+    responses_stream = _relayed("responses_stream")
 
     async def count_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
         return await self.policy.count_tokens(body)
@@ -92,11 +98,20 @@ class ColocatedEngine(Proxy.func_or_class):
     async def adapters(self) -> dict[str, Any]:
         return await self.policy.adapters()
 
+    async def sleep(self) -> dict[str, Any]:  # the Controller's, around runs on a shared GPU
+        return await self.policy.sleep()
+
+    async def wake_up(self) -> dict[str, Any]:
+        return await self.policy.wake_up()
+
+    async def is_sleeping(self) -> bool:
+        return await self.policy.is_sleeping()
+
     async def check_health(self) -> None:
         vllm = getattr(self.policy, "vllm", None)
         if vllm is not None:
             await vllm.client.check_health()
 
 
-Colocated = serve.deployment(name="PolicyEngine", max_ongoing_requests=256, health_check_period_s=10)(
+Colocated = serve.deployment(name=names.ENGINE, max_ongoing_requests=256, health_check_period_s=10)(
     ColocatedEngine)

@@ -15,6 +15,12 @@ out) and the reconcile loop retries; it never turns a finished reply into an err
 activation and each unload, versions outside `adapter_disk_retention` and stale temp folders are
 deleted (from the bucket and the local cache too) by the rule in core/storage.py `adapters_to_remove`
 (never the active version, a recently activated one, or one this replica still has loaded).
+
+Sleep mode (`engine.share_gpu_with_training: sleep`, one GPU shared with the trainer): `sleep` lets the
+requests in flight finish, holds new ones at a gate (serve/sleep_gate.py: they wait, then get a 503 with
+Retry-After) and puts vLLM to sleep; while it sleeps a published version is only written to the active
+pointer; `wake_up` wakes vLLM, loads and activates what the pointer names, then opens the gate. The
+Controller calls both around its runs (cluster/gpu_share.py).
 """
 
 from __future__ import annotations
@@ -27,12 +33,14 @@ from typing import Any
 
 from ray import serve
 
+from core import names
 from core.adapter_store import adapter_store
 from core.config import EngineConfig, ModelConfig
 from core.storage import StorageLayout
 from serve.adapters import AdapterRegistry
 from serve.metrics import EngineMetrics
 from serve.protocol import EngineRequestError, Reply
+from serve.sleep_gate import SleepGate
 
 log = logging.getLogger("clawray.engine")
 
@@ -59,6 +67,8 @@ class PolicyEngineImpl:
         self._pointer_token: object = None  # the pointer as this replica last saw or wrote it
         self._reconciler: asyncio.Task | None = None
         self.metrics: EngineMetrics | None = None  # set by the deployment (needs a Ray worker)
+        self.gate = SleepGate()  # holds requests back while vLLM sleeps (engine.share_gpu_with_training)
+        self._sleep_lock = asyncio.Lock()  # serialises sleep and wake-up
 
     async def start(self) -> None:
         await self.vllm.start()
@@ -81,35 +91,59 @@ class PolicyEngineImpl:
         for victim in self.reg.end(name):
             await self._unload_quietly(victim)
 
+    # Each request passes the sleep gate before it resolves its adapter: one that waited while vLLM slept
+    # gets the adapter activated at wake-up.
+
     async def chat(self, body: dict[str, Any]) -> Reply:
-        name = self._pin(body)
-        try:
-            return await self.vllm.chat(body)
-        finally:
-            await self._done(name)
+        async with self.gate.admit():
+            name = self._pin(body)
+            try:
+                return await self.vllm.chat(body)
+            finally:
+                await self._done(name)
 
     async def messages(self, body: dict[str, Any]) -> Reply:
-        name = self._pin(body)
-        try:
-            return await self.vllm.messages(body)
-        finally:
-            await self._done(name)
+        async with self.gate.admit():
+            name = self._pin(body)
+            try:
+                return await self.vllm.messages(body)
+            finally:
+                await self._done(name)
 
     async def chat_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
-        name = self._pin(body)
-        try:
-            async for item in self.vllm.chat_stream(body):
-                yield item
-        finally:
-            await self._done(name)
+        async with self.gate.admit():
+            name = self._pin(body)
+            try:
+                async for item in self.vllm.chat_stream(body):
+                    yield item
+            finally:
+                await self._done(name)
 
     async def messages_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
-        name = self._pin(body)
-        try:
-            async for item in self.vllm.messages_stream(body):
-                yield item
-        finally:
-            await self._done(name)
+        async with self.gate.admit():
+            name = self._pin(body)
+            try:
+                async for item in self.vllm.messages_stream(body):
+                    yield item
+            finally:
+                await self._done(name)
+
+    async def responses(self, body: dict[str, Any]) -> Reply:
+        async with self.gate.admit():
+            name = self._pin(body)
+            try:
+                return await self.vllm.responses(body)
+            finally:
+                await self._done(name)
+
+    async def responses_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
+        async with self.gate.admit():
+            name = self._pin(body)
+            try:
+                async for item in self.vllm.responses_stream(body):
+                    yield item
+            finally:
+                await self._done(name)
 
     async def count_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
         body["model"] = self.model_cfg.served_name
@@ -141,10 +175,13 @@ class PolicyEngineImpl:
         """Load a published version by name (from the storage root's adapters). Idempotent.
 
         `path` (what the trainer passes: the version's folder, or the URI of its files on object
-        storage) must be where the storage root has it; it is checked, not trusted.
+        storage) must be where the storage root has it; it is checked, not trusted. While vLLM sleeps
+        nothing is loaded: what `activate` names then is loaded at wake-up.
         """
         path = await self._path(name, path)
         async with self._lock:
+            if self.gate.asleep:
+                return {**self.reg.snapshot(), "deferred": name}
             if name not in self.reg.loaded or name in self.reg.retiring:
                 await self.vllm.add_lora(name, str(path))
                 self.reg.add(name, str(path))
@@ -155,6 +192,9 @@ class PolicyEngineImpl:
         if name is not None and name not in self.reg.loaded:
             await self.load_adapter(name)
         async with self._lock:
+            if self.gate.asleep:  # the pointer says what to serve; `wake_up` loads and activates it
+                await self._write_pointer(name)
+                return {**self.reg.snapshot(), "deferred": name}
             try:
                 self.reg.activate(name)
             except KeyError as e:
@@ -176,7 +216,7 @@ class PolicyEngineImpl:
         return await self.activate(name)
 
     async def unload(self, name: str) -> dict[str, Any]:
-        async with self._lock:
+        async with self.gate.admit(), self._lock:  # not in a sleeping vLLM: waits for the wake-up
             try:
                 ready = self.reg.retire(name)
             except KeyError as e:
@@ -244,10 +284,54 @@ class PolicyEngineImpl:
     async def _reconcile_loop(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            await self._reconcile()
+            if self.gate.is_open:  # not while vLLM sleeps (or is about to): `wake_up` follows the pointer
+                await self._reconcile()
+
+    # ---- sleep mode: the GPU lent to a training run (cluster/gpu_share.py) -------------------------
+
+    async def sleep(self) -> dict[str, Any]:
+        """Free the GPU for a training run: new requests wait (serve/sleep_gate.py: up to 30 s, then a 503
+        with Retry-After), the ones in flight finish, then vLLM sleeps (weights to CPU memory, KV cache
+        freed). Idempotent. Refused (409) when the engine was started without sleep mode."""
+        if self.engine_cfg.share_gpu_with_training != "sleep":
+            raise EngineRequestError(409, "this engine runs without sleep mode "
+                                          "(engine.share_gpu_with_training is not 'sleep')")
+        async with self._sleep_lock:
+            if not self.gate.asleep:
+                if not await self.gate.close():
+                    log.warning("requests still in flight after %.0f s: vLLM aborts them", self.gate.drain_s)
+                async with self._lock:  # no adapter load runs into the sleep
+                    try:
+                        await self.vllm.sleep()
+                    except BaseException:
+                        self.gate.open()  # still awake: serve on
+                        raise
+                    self.gate.asleep = True
+                log.info("engine asleep: its GPU memory is free for training")
+        return self.sleep_state()
+
+    async def wake_up(self) -> dict[str, Any]:
+        """Take the GPU back: vLLM wakes, the adapter activated while it slept is loaded and activated, then
+        the waiting requests go through (on that adapter). Idempotent; a failed wake leaves it asleep."""
+        async with self._sleep_lock:
+            if self.gate.asleep:
+                async with self._lock:
+                    await self.vllm.wake_up()
+                    self.gate.asleep = False
+                self._pointer_token = None  # follow the pointer even though this replica wrote it
+                await self._reconcile()
+                log.info("engine awake, serving %s", self.reg.active or "<base>")
+            self.gate.open()
+        return self.sleep_state()
+
+    async def is_sleeping(self) -> bool:
+        return self.gate.asleep
+
+    def sleep_state(self) -> dict[str, Any]:
+        return {"asleep": self.gate.asleep, "admitting": self.gate.is_open, "active": self.reg.active}
 
 
-@serve.deployment(name="PolicyEngine", max_ongoing_requests=256, health_check_period_s=10)
+@serve.deployment(name=names.ENGINE, max_ongoing_requests=256, health_check_period_s=10)
 class PolicyEngine(PolicyEngineImpl):
     """Serve deployment; Serve awaits the async constructor before routing requests to it."""
 

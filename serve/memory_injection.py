@@ -85,7 +85,7 @@ class MemoryInjector:
         if cfg.embedding_model:
             from evolve.embedding import SentenceEmbedder  # the skills plane's offline MiniLM loader
 
-            embedder = SentenceEmbedder(cfg.embedding_model)
+            embedder = SentenceEmbedder(cfg.embedding_model, encoder=cfg.embedding_encoder)
         search = MemorySearch(open_memory_store(memory_dir, state), cfg, embedder)
         return cls(search, cfg, make_counter(tokenizer_path), max_model_len)
 

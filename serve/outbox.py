@@ -23,6 +23,7 @@ import zlib
 from pathlib import Path
 from typing import Protocol
 
+from core import names
 from core.contracts import Turn
 from serve.sessions import SessionStore
 
@@ -87,37 +88,30 @@ class ActorPoolSink:
     state (the "at least one trainable sample per session" rule).
     """
 
-    def __init__(self, names: list[str], namespace: str = "clawray", timeout_s: float = 120.0):
-        self.names, self.namespace, self.timeout_s = names, namespace, timeout_s
-        self._handles: dict[str, object] = {}  # name -> actor handle; dropped when a call fails
+    def __init__(self, actors: list[str], namespace: str = names.DEFAULT_NAMESPACE, timeout_s: float = 120.0):
+        self.actors, self.namespace, self.timeout_s = actors, namespace, timeout_s
 
     async def _actor(self, name: str):
-        handle = self._handles.get(name)
-        if handle is None:  # a GCS lookup: off the event loop, once per actor (not once per turn)
-            import ray
-
-            try:
-                handle = await asyncio.to_thread(ray.get_actor, name, namespace=self.namespace)
-            except ValueError as e:  # no such actor (yet): the rewards plane is down or starting
-                raise SinkUnreachable(f"no scoring actor {name!r}") from e
-            self._handles[name] = handle
-        return handle
+        try:  # cached (core/names.py); a miss is a GCS lookup, off the event loop, once per actor
+            return await names.actor_async(name, self.namespace, timeout_s=0)
+        except ValueError as e:  # no such actor (yet): the rewards plane is down or starting
+            raise SinkUnreachable(f"no scoring actor {name!r}") from e
 
     async def _one(self, turn: Turn) -> None:
         from ray.exceptions import ActorUnavailableError
 
-        name = self.names[zlib.crc32(turn.session_id.encode()) % len(self.names)]
+        name = self.actors[zlib.crc32(turn.session_id.encode()) % len(self.actors)]
         try:
             actor = await self._actor(name)
             await asyncio.wait_for(actor.score.remote(turn), self.timeout_s)
         except TimeoutError as e:  # a slow scorer (its judge calls have their own timeouts): an outage
-            self._handles.pop(name, None)
+            names.forget(name, self.namespace)
             raise SinkUnreachable(f"{name} did not answer within {self.timeout_s:.0f}s") from e
         except ActorUnavailableError as e:  # restarting or unreachable for now: an outage
-            self._handles.pop(name, None)
+            names.forget(name, self.namespace)
             raise SinkUnreachable(f"{name} is unavailable: {e}") from e
         except BaseException:  # the actor died during the call (a turn that kills its scorer is poison)
-            self._handles.pop(name, None)  # look the actor up again next time (it may be a new one)
+            names.forget(name, self.namespace)  # look the actor up again next time (it may be a new one)
             raise
 
     async def submit(self, turns: list[Turn]) -> None:

@@ -15,16 +15,19 @@ from serve.capture import Capture
 
 
 class EngineRequestError(Exception):
-    """A request the engine refused; carries the HTTP status and an OpenAI-style error body."""
+    """A request the engine refused; carries the HTTP status and an OpenAI-style error body, and for a
+    refusal that passes (the engine sleeps while a run trains) the seconds after which to retry."""
 
-    def __init__(self, status: int, message: str, err_type: str = "invalid_request_error"):
+    def __init__(self, status: int, message: str, err_type: str = "invalid_request_error",
+                 retry_after_s: int | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.err_type = err_type
+        self.retry_after_s = retry_after_s
 
     def __reduce__(self):  # keep status/type when Ray ships the exception to the caller
-        return (type(self), (self.status, self.message, self.err_type))
+        return (type(self), (self.status, self.message, self.err_type, self.retry_after_s))
 
 
 @dataclass
@@ -47,6 +50,11 @@ class Engine(Protocol):
     async def messages(self, body: dict[str, Any]) -> Reply: ...
 
     def messages_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]: ...
+
+    async def responses(self, body: dict[str, Any]) -> Reply:
+        """OpenAI Responses (`POST /v1/responses`); `Reply.messages` is its input as chat messages."""
+
+    def responses_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]: ...
 
     async def count_tokens(self, body: dict[str, Any]) -> dict[str, Any]: ...
 

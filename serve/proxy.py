@@ -1,8 +1,9 @@
 """`Proxy`: clawray's ingress (FastAPI on Ray Serve): auth, sessions, skill and memory injection,
 turn capture.
 
-Routes (errors become status codes only here): OpenAI `POST /v1/chat/completions`, `GET /v1/models`;
-Anthropic `POST /v1/messages`, `POST /v1/messages/count_tokens`; `GET /healthz`; session end
+Routes (errors become status codes only here): OpenAI `POST /v1/chat/completions`, `POST /v1/responses`,
+`GET /v1/models`; Anthropic `POST /v1/messages`, `POST /v1/messages/count_tokens` (the three generation
+APIs side by side: serve/apis.py); `GET /healthz`; session end
 `POST /v1/sessions/{id}/end`; the requester's own memory `GET|DELETE /v1/memory`; admin (own key)
 `/admin/adapters…`, `/admin/sessions/stats`, `/admin/memory/…` (docs/memory.md). Generation happens in
 the engine deployment (`PolicyEngine`: vLLM, or `UpstreamEngine`) behind a handle; this replica holds the
@@ -26,11 +27,14 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, RayServeException
 
+from core import names
 from core.config import ProxyConfig, SkillsConfig
 from core.storage import StorageLayout
 from memory import admin as mem
 from memory.units import split_tenant
 from serve.activity import ActivityReporter
+from serve.apis import CHAT, MESSAGES, RESPONSES, Api
+from serve.budget import OUTPUT_FIELDS, requested_output_tokens
 from serve.history import read_history
 from serve.http import (
     anthropic_error,
@@ -39,7 +43,6 @@ from serve.http import (
     openai_error,
     presented_key,
     read_json_body,
-    require_messages,
 )
 from serve.injection import SkillInjector
 from serve.memory_injection import MemoryInjector, run_admin
@@ -48,19 +51,12 @@ from serve.outbox import ActorPoolSink, Dispatcher, JsonlTurnSink
 from serve.protocol import EngineRequestError, Reply
 from serve.recorder import GroupCommit
 from serve.sessions import DB_FILE, SessionStore
-from serve.turns import (
-    AnthropicStreamToolUse,
-    RequestError,
-    StreamToolCalls,
-    TurnMeta,
-    extract_meta,
-    tool_calls_of,
-    turns_from_reply,
-)
+from serve.turns import RequestError, TurnMeta, extract_meta, turns_from_reply
+from serve.validate import check_messages
 
 log = logging.getLogger("clawray.proxy")
 app = FastAPI(title="clawray proxy", version="0.1.0")
-TERMINAL = ("data: [DONE]", "event: message_stop")
+TERMINAL = ("data: [DONE]", "event: message_stop", "event: response.completed")
 # Ray Serve request-path settings for Proxy replicas (measured in benchmarks/proxy_overhead.py): run the
 # FastAPI app and the handle router on the replica's own event loop instead of two extra threads, and
 # buffer Serve's access-log lines. Our request path never blocks the loop (SQLite runs in a thread).
@@ -76,13 +72,14 @@ UNAVAILABLE = (RayActorError, BackPressureError, RayServeException)
 class ProxyImpl:
     def __init__(self, engine: Any, proxy: dict, skills: dict, storage_root: str,
                  sink_actors: list[str] | None = None, memory: dict | None = None, state: dict | None = None,
-                 blob_root: str | None = None):
+                 blob_root: str | None = None, namespace: str = names.DEFAULT_NAMESPACE):
         self.engine = engine
         self.cfg = ProxyConfig.model_validate(proxy)
         layout = StorageLayout(Path(storage_root)).ensure()
         self.store = SessionStore(layout.sessions / DB_FILE, state, storage_root=layout.root)
         self.recorder = GroupCommit(self.store)
-        sink = ActorPoolSink(sink_actors) if sink_actors else JsonlTurnSink(layout.sessions / "completed.jsonl")
+        # `namespace`: the Ray namespace of the named actors it delivers and reports to (`ray.namespace`).
+        sink = ActorPoolSink(sink_actors, namespace) if sink_actors else JsonlTurnSink(layout.sessions / "completed.jsonl")
         self.dispatcher = Dispatcher(self.store, sink, self.cfg.session_idle_timeout_s,
                                      retention_s=self.cfg.outbox_retention_s,
                                      max_failures=self.cfg.max_delivery_attempts)
@@ -91,7 +88,7 @@ class ProxyImpl:
         # Keys are read here, from the env vars the config names, so they never travel as arguments.
         self.api_key = os.environ.get(self.cfg.api_key_env) if self.cfg.api_key_env else None
         self.admin_key = os.environ.get(self.cfg.admin_key_env) or None
-        self.activity = ActivityReporter()
+        self.activity = ActivityReporter(names.OMLS, namespace)
         self.metrics: ProxyMetrics | None = None  # set by the deployment (needs a Ray worker)
         self.headers: dict[str, str] = {}  # added to every generation reply (the replica id)
         self._stream_engine: Any = None
@@ -130,21 +127,24 @@ class ProxyImpl:
         if self.metrics is not None:
             self.metrics.request(route, status, time.perf_counter() - t0)
 
-    async def _prepare(self, body: dict[str, Any], request: Request,
-                       anthropic: bool) -> tuple[TurnMeta, list, int]:
+    async def _prepare(self, body: dict[str, Any], request: Request, api: Api) -> tuple[TurnMeta, list, int]:
+        view = api.view(body)  # what identity and injection read: the body, or Responses' chat view
         meta = extract_meta(body, {k.lower(): v for k, v in request.headers.items()},
-                            client_fingerprint(request))
+                            client_fingerprint(request), view.get("messages"))
         skills, generation = [], 0
         if meta.turn_type.value == "main":
             self.activity.note()
-            mark = self.memory.mark(body, anthropic) if self.memory is not None else 0
+            mark = self.memory.mark(view, api.anthropic) if self.memory is not None else 0
             if self.injector is not None:
-                skills, generation = await self.injector.inject(body, anthropic)
+                skills, generation = await self.injector.inject(view, api.anthropic)
             if self.memory is not None:  # after skills: memory gets the budget they left
-                ids, _ = await self.memory.inject(body, anthropic, meta.tenant, meta.session_id,
+                ids, _ = await self.memory.inject(view, api.anthropic, meta.tenant, meta.session_id,
                                                   meta.memory_scope, mark)
                 meta = dataclasses.replace(meta, memories=tuple(ids))
-        return meta, skills, generation
+            api.apply_view(body, view)
+        # The client's output-token limit, as asked: the engine clamps it to what fits (serve/budget.py).
+        requested = requested_output_tokens(body, OUTPUT_FIELDS[api.name])
+        return dataclasses.replace(meta, max_tokens_requested=requested), skills, generation
 
     async def _record(self, reply: Reply, meta: TurnMeta, skills: list[str], generation: int,
                       tool_calls: list[list[dict]]) -> None:
@@ -161,23 +161,27 @@ class ProxyImpl:
             await self.recorder.record(turns, read_history(reply.messages, meta.params))
 
     async def generate(self, request: Request, anthropic: bool) -> Any:
+        """A chat completions request, or with `anthropic` an Anthropic messages request."""
+        return await self.handle(request, MESSAGES if anthropic else CHAT)
+
+    async def handle(self, request: Request, api: Api) -> Any:
+        """A generation request of any client API (serve/apis.py): checked, injected, served, captured."""
         self._ensure_started()
         t0 = time.perf_counter()
-        route, error = ("messages", anthropic_error) if anthropic else ("chat", openai_error)
+        route, error = api.name, api.error
         try:
             self._auth(request)
             body = await read_json_body(request, self.cfg.max_body_bytes)
-            require_messages(body)
-            meta, skills, generation = await self._prepare(body, request, anthropic)
+            api.check(body)
+            meta, skills, generation = await self._prepare(body, request, api)
             if body.get("stream"):
-                return await self._stream(body, meta, skills, generation, anthropic, t0)
-            method = self.engine.messages if anthropic else self.engine.chat
-            reply: Reply = await method.remote(body)
-            await self._record(reply, meta, skills, generation, tool_calls_of(reply.body))
+                return await self._stream(body, meta, skills, generation, api, t0)
+            reply: Reply = await getattr(self.engine, api.name).remote(body)
+            await self._record(reply, meta, skills, generation, api.tool_calls(reply.body))
         except RequestError as e:
             return self._failed(route, t0, error(e.status, str(e)))
         except EngineRequestError as e:
-            return self._failed(route, t0, error(e.status, e.message))
+            return self._failed(route, t0, _retry_after(error(e.status, e.message), e.retry_after_s))
         except UNAVAILABLE as e:
             log.warning("engine unavailable: %s", type(e).__name__)
             return self._failed(route, t0, error(503, "the engine is unavailable; retry shortly"))
@@ -189,14 +193,13 @@ class ProxyImpl:
         return response
 
     async def _stream(self, body: dict, meta: TurnMeta, skills: list[str], generation: int,
-                      anthropic: bool, t0: float) -> StreamingResponse:
-        route = "messages" if anthropic else "chat"
-        method = "messages_stream" if anthropic else "chat_stream"
+                      api: Api, t0: float) -> StreamingResponse:
+        route = api.name
         if self._stream_engine is None:
             self._stream_engine = self.engine.options(stream=True)
-        gen = getattr(self._stream_engine, method).remote(body)
+        gen = getattr(self._stream_engine, f"{api.name}_stream").remote(body)
         first = await gen.__anext__()  # request errors surface here, before any byte is sent
-        tools = AnthropicStreamToolUse() if anthropic else (StreamToolCalls() if body.get("tools") else None)
+        tools = api.stream_tools(body)
 
         async def events():
             item, held, status = first, None, 499  # 499 until the end: the client may go away first
@@ -207,11 +210,11 @@ class ProxyImpl:
                         await self._record(item, meta, skills, generation, tools.result(n) if tools else [])
                         status = 200
                         break
+                    if tools is not None:
+                        tools.feed(item)  # the terminal event too: a Responses stream's holds the reply
                     if item.startswith(TERMINAL):
                         held = item  # sent only once the turn is recorded: the next turn must find it
                     else:
-                        if tools is not None:
-                            tools.feed(item)
                         yield item
                     item = await gen.__anext__()
             except StopAsyncIteration:
@@ -220,7 +223,7 @@ class ProxyImpl:
                 status = e.status if isinstance(e, EngineRequestError) else 503
                 message = e.message if isinstance(e, EngineRequestError) else "the engine became unavailable"
                 log.warning("stream failed after it started: %s", type(e).__name__)
-                yield _stream_error(anthropic, status, message)
+                yield api.stream_error(status, message)
             finally:
                 if status == 499:
                     gen.cancel()  # the client went away: stop generating
@@ -233,15 +236,14 @@ class ProxyImpl:
         return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 
 
-def _stream_error(anthropic: bool, status: int, message: str) -> str:
-    """An in-band error event in the client's protocol (headers are already sent)."""
-    if anthropic:
-        kind = "overloaded_error" if status == 503 else "api_error"
-        return f"event: error\ndata: {json.dumps({'type': 'error', 'error': {'type': kind, 'message': message}})}\n\n"
-    return f"data: {json.dumps({'error': {'message': message, 'type': 'server_error', 'code': status}})}\n\n"
+def _retry_after(response: JSONResponse, seconds: int | None) -> JSONResponse:
+    """A refusal that passes (the engine sleeps while a run trains on its GPU) says when to come back."""
+    if seconds is not None:
+        response.headers["Retry-After"] = str(seconds)
+    return response
 
 
-@serve.deployment(name="Proxy", max_ongoing_requests=512)
+@serve.deployment(name=names.PROXY, max_ongoing_requests=512)
 @serve.ingress(app)
 class Proxy(ProxyImpl):
     """Route handlers are named `http_*` / `admin_*` so that a co-located replica (serve/colocated.py) can
@@ -262,13 +264,17 @@ class Proxy(ProxyImpl):
     async def http_messages(self, request: Request):
         return await self.generate(request, anthropic=True)
 
+    @app.post("/v1/responses")
+    async def http_responses(self, request: Request):
+        return await self.handle(request, RESPONSES)
+
     @app.post("/v1/messages/count_tokens")
     async def http_count_tokens(self, request: Request):
         t0 = time.perf_counter()
         try:
             self._auth(request)
             body = await read_json_body(request, self.cfg.max_body_bytes)
-            require_messages(body)
+            check_messages(body)
             extract_meta(body, {}, "")  # strips clawray's body fields
             result = await self.engine.count_tokens.remote(body)
         except RequestError as e:

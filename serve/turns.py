@@ -47,6 +47,7 @@ class TurnMeta:
     params: bytes = b""  # serve/history.py `params_key` of the body: a retry repeats it exactly
     memory_scope: str = "user"  # X-Memory-Scope: the widest memory scope read and written (memory/units.py)
     memories: tuple[str, ...] = ()  # ids of the memory units injected (set by the Proxy after retrieval)
+    max_tokens_requested: int | None = None  # the client's output-token limit (serve/budget.py)
 
 
 def _truthy(v: Any) -> bool:
@@ -84,8 +85,11 @@ def derive_session_id(tenant: str, client_key: str, messages: list[dict[str, Any
     return f"derived-{h[:32]}"
 
 
-def extract_meta(body: dict[str, Any], headers: dict[str, str], client_key: str) -> TurnMeta:
-    """Read clawray's fields from headers (preferred) or body, strip them from `body` in place."""
+def extract_meta(body: dict[str, Any], headers: dict[str, str], client_key: str,
+                 messages: list[dict[str, Any]] | None = None) -> TurnMeta:
+    """Read clawray's fields from headers (preferred) or body, strip them from `body` in place.
+    `messages`: the conversation a derived session id is taken from (default: `body["messages"]`; the
+    Responses route passes its input as chat messages, serve/responses.py)."""
     vals = {k: body.pop(k, None) for k in CLAWRAY_FIELDS}
     for field, header in HEADER_FIELDS.items():
         if header in headers:
@@ -105,7 +109,8 @@ def extract_meta(body: dict[str, Any], headers: dict[str, str], client_key: str)
     workspace = _clean_id("X-Workspace-Id", vals["workspace_id"]) or "default"
     tenant = f"{user}/{workspace}"
     session = _clean_id("X-Session-Id", vals["session_id"])
-    messages = body.get("messages") or []
+    if messages is None:
+        messages = body.get("messages") or []
     return TurnMeta(
         session_id=session or derive_session_id(tenant, client_key, messages),
         turn_type=TurnType(turn_type),
@@ -146,6 +151,8 @@ def turns_from_reply(
                 skill_generation=generation,
                 adapter_version=cap.adapter,
                 sampling=cap.sampling,
+                max_tokens_requested=meta.max_tokens_requested,
+                max_tokens_granted=cap.max_tokens,
                 group_id=group,
                 group_size=len(cap.choices),
                 last_in_session=meta.session_done,

@@ -8,6 +8,8 @@ hosted model). Same methods as `PolicyEngine` (serve/protocol.py `Engine`), so t
   failures, 504 for timeouts; never a stack trace, never the key, never the upstream's URL.
 - Anthropic `/v1/messages` is translated to chat completions with vLLM's converters; `count_tokens` and
   the adapter (LoRA) methods are refused: there is no local tokenizer or engine to apply them to.
+- OpenAI Responses (`/v1/responses`) is refused with a 501: its items and events would need a translation
+  to and from chat completions (with tool calls and capture) that this mode does not have.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import httpx
 from ray import serve
 
+from core import names
 from core.config import EngineConfig, ModelConfig
 from serve.metrics import EngineMetrics
 from serve.protocol import EngineRequestError, Reply
@@ -138,6 +141,13 @@ class UpstreamEngineImpl:
         raise EngineRequestError(501, "count_tokens is not available in upstream mode (no local tokenizer)",
                                  "not_supported_error")
 
+    async def responses(self, body: dict[str, Any]) -> Reply:
+        raise _no_responses()
+
+    async def responses_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
+        raise _no_responses()
+        yield  # an async generator, as the Engine protocol's streams are: the refusal comes at the first item
+
     async def models(self) -> dict[str, Any]:
         return {"base": self.ep.model, "alias": self.model_cfg.policy_alias, "active": None, "loaded": [],
                 "max_model_len": None}
@@ -242,6 +252,11 @@ class UpstreamEngineImpl:
             raise EngineRequestError(502, "the upstream stream broke off", "upstream_error") from None
 
 
+def _no_responses() -> EngineRequestError:
+    return EngineRequestError(501, "the Responses API (/v1/responses) is not available in upstream mode "
+                                   "(engine.backend: upstream); use /v1/chat/completions", "not_supported_error")
+
+
 def _without_refused(payload: dict[str, Any], caps: Caps, asked: Asked) -> dict[str, Any]:
     payload = dict(payload)
     if not caps.token_ids and not asked.token_ids:
@@ -251,7 +266,7 @@ def _without_refused(payload: dict[str, Any], caps: Caps, asked: Asked) -> dict[
     return payload
 
 
-@serve.deployment(name="PolicyEngine", max_ongoing_requests=256, health_check_period_s=10)
+@serve.deployment(name=names.ENGINE, max_ongoing_requests=256, health_check_period_s=10)
 class UpstreamEngine(UpstreamEngineImpl):
     """Deployed under the engine's stable name `PolicyEngine`, so callers that find the engine by name
     (the trainer's publish, the CLI) reach it and get a clear refusal for adapter operations."""

@@ -1,9 +1,12 @@
 """vLLM hosted in-process with its own OpenAI and Anthropic serving objects (no Ray here).
 
 We do not re-implement chat templates, tool parsing or streaming formats: `init_app_state` builds vLLM's
-`OpenAIServingChat`, `AnthropicServingMessages` and `OpenAIServingModels` exactly as `vllm serve` does,
-around a `TappedEngineClient` that captures token ids, logprobs and sampling parameters (see capture.py).
-The engine reports processed logprobs (`--logprobs-mode processed_logprobs`): the sampling distribution's.
+`OpenAIServingChat`, `OpenAIServingResponses`, `AnthropicServingMessages` and `OpenAIServingModels`
+exactly as `vllm serve` does, around a `TappedEngineClient` that captures token ids, logprobs and
+sampling parameters (see capture.py). The engine reports processed logprobs (`--logprobs-mode
+processed_logprobs`): the sampling distribution's. Responses streams are framed as `vllm serve` frames
+them (its router's SSE converter). vLLM keeps no responses (its store is off: in-memory, per replica, never
+freed), so `previous_response_id` is refused at the Proxy (serve/validate.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from core.config import EngineConfig, ModelConfig
+from serve.budget import OUTPUT_FIELDS, clamp_output_request, context_full_message
 from serve.capture import Capture, TappedEngineClient
 from serve.protocol import EngineRequestError, Reply
 
@@ -48,6 +52,8 @@ def vllm_cli_args(model_path: str, model: ModelConfig, engine: EngineConfig) -> 
         args += ["--override-generation-config", json.dumps({"temperature": engine.default_temperature})]
     if engine.enforce_eager:
         args.append("--enforce-eager")
+    if engine.share_gpu_with_training == "sleep":  # the engine sleeps while a run trains on its GPU
+        args.append("--enable-sleep-mode")
     if engine.device == "gpu":
         args += ["--gpu-memory-utilization", str(engine.gpu_memory_utilization)]
     return args
@@ -85,29 +91,49 @@ class VLLMServing:
 
     # ---- requests -------------------------------------------------------------------------------
 
+    def _fit(self, body: dict[str, Any], api: str) -> dict[str, Any]:
+        """`body` with an output-token limit above the context lowered to it (`engine.clamp_max_tokens`):
+        vLLM would refuse it; lowered, vLLM grants what the rendered prompt leaves (serve/budget.py)."""
+        if self.engine_cfg.clamp_max_tokens:
+            clamp_output_request(body, OUTPUT_FIELDS[api], self.model_cfg.max_model_len)
+        return body
+
     def _chat_request(self, body: dict[str, Any]):
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-        return _validate(ChatCompletionRequest, body)
+        return _validate(ChatCompletionRequest, self._fit(body, "chat"))
 
     def _anthropic_request(self, body: dict[str, Any]):
         from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
 
-        req = _validate(AnthropicMessagesRequest, body)
+        req = _validate(AnthropicMessagesRequest, self._fit(body, "messages"))
         serving = self.state.anthropic_serving_messages
         return serving.to_chat_completion_request(
             req, merge_inline_system=serving._merge_inline_system
         )
 
+    def _responses_request(self, body: dict[str, Any]):
+        from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+        return _validate(ResponsesRequest, self._fit(body, "responses"))
+
     async def _run_chat(self, serving: Any, chat_req: Any) -> tuple[Any, Capture, str]:
+        limit = chat_req.max_completion_tokens
+        limit = chat_req.max_tokens if limit is None else limit
+        return await self._run(serving.create_chat_completion, chat_req, limit)
+
+    async def _run(self, create: Any, req: Any, limit: int | None,
+                   prefix: str = "") -> tuple[Any, Capture, str]:
+        """`await create(req, None)` (a vLLM serving entry point) with a capture registered under a fresh
+        key, which becomes the request id (after `prefix`); refusals raise `EngineRequestError`."""
         key = uuid.uuid4().hex
-        chat_req.request_id = key
+        req.request_id = prefix + key
         cap = self.client.register(key)
         try:
-            result = await serving.create_chat_completion(chat_req, None)
+            result = await create(req, None)
         except _client_errors() as e:
             self.client.release(key)
-            raise EngineRequestError(400, str(e)) from None
+            raise refusal(e, limit, self.model_cfg.max_model_len) from None
         if _is_error(result):
             self.client.release(key)
             err = result.error
@@ -150,6 +176,26 @@ class VLLMServing:
             self.client.release(key)
         yield Reply({}, cap, _dump_messages(chat_req))
 
+    async def responses(self, body: dict[str, Any]) -> Reply:
+        serving = self.state.openai_serving_responses
+        req = self._responses_request(body)
+        result, cap, key = await self._run(serving.create_responses, req, req.max_output_tokens, "resp_")
+        self.client.release(key)
+        return Reply(result.model_dump(mode="json", by_alias=True), cap, _responses_messages(req))
+
+    async def responses_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
+        from vllm.entrypoints.openai.responses.api_router import _convert_stream_to_sse_events
+
+        serving = self.state.openai_serving_responses
+        req = self._responses_request(body)
+        gen, cap, key = await self._run(serving.create_responses, req, req.max_output_tokens, "resp_")
+        try:
+            async for event in _convert_stream_to_sse_events(gen):
+                yield event
+        finally:
+            self.client.release(key)
+        yield Reply({}, cap, _responses_messages(req))
+
     async def count_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
         """Anthropic `count_tokens`: vLLM renders the prompt exactly as `messages` would."""
         from vllm.entrypoints.anthropic.protocol import AnthropicCountTokensRequest
@@ -188,6 +234,19 @@ class VLLMServing:
         if _is_error(res):
             raise EngineRequestError(int(res.error.code), res.error.message, res.error.type)
 
+    # ---- sleep mode (engine.share_gpu_with_training: sleep) ----------------------------------------
+
+    async def sleep(self) -> None:
+        """vLLM sleep level 1: the weights go to CPU memory, the KV cache (and prefix cache) is freed.
+        Requests still running are aborted: the caller lets them finish first (serve/sleep_gate.py).
+        Level 2 would drop the weights, and waking would need them loaded again."""
+        await self.client.sleep(level=1)
+
+    async def wake_up(self) -> None:
+        """Weights back on the GPU, KV cache allocated again; raises if vLLM reports memory still asleep."""
+        if not await self.client.wake_up(None):
+            raise RuntimeError("vLLM woke only partly: some of its GPU memory is still asleep")
+
     def tokenizer(self) -> Any:
         return self.state.openai_serving_chat.renderer.tokenizer
 
@@ -218,6 +277,25 @@ def _first_error(e: Any) -> str:
     err = e.errors()[0]
     loc = ".".join(str(p) for p in err.get("loc", ()))
     return f"{loc}: {err.get('msg')}" if loc else str(err.get("msg"))
+
+
+def refusal(e: Exception, limit: int | None, context_len: int) -> EngineRequestError:
+    """A request vLLM refused, as a 400. A prompt that takes the whole context reaches vLLM's sampling
+    parameters as `max_tokens` 0 (nothing left), which vLLM reports only as "max_tokens must be at least
+    1": unless the client itself asked for 0 (`limit`), say what happened."""
+    if getattr(e, "parameter", None) == "max_tokens" and getattr(e, "value", None) == 0 and limit != 0:
+        return EngineRequestError(400, context_full_message(context_len))
+    return EngineRequestError(400, str(e))
+
+
+def _responses_messages(req: Any) -> list[dict[str, Any]]:
+    """The conversation a Responses request rendered, as chat messages: vLLM's own conversion of its
+    `instructions` and `input` (there is no previous response: the Proxy refuses `previous_response_id`)."""
+    from pydantic_core import to_jsonable_python
+    from vllm.entrypoints.openai.responses.utils import construct_input_messages
+
+    return to_jsonable_python(construct_input_messages(request_instructions=req.instructions,
+                                                       request_input=req.input))
 
 
 def _dump_messages(chat_req: Any) -> list[dict[str, Any]]:

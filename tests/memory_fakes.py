@@ -17,6 +17,7 @@ class WordEmbedder:
 
     def __init__(self, dim: int = 64):
         self.dim = dim
+        self.encoder_id = f"word-hash-{dim}"
         self.calls: list[list[str]] = []
 
     def encode(self, texts: list[str]) -> np.ndarray:

@@ -3,7 +3,8 @@
 The control plane (or `TrainJob.request_stop`) sets the flag; rank 0 of the training loop polls it at
 every step boundary and the workers stop together after the step in flight has been checkpointed,
 published and committed. Progress (the last step's metrics) is pushed here so `status()` can be read
-without touching Ray Train internals. Name: `TrainControl-<run_name>`, namespace `clawray`.
+without touching Ray Train internals. Name: `TrainControl-<run_name>` (core/names.py `control_name`), in
+the configured namespace (`ray.namespace`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,7 @@ from typing import Any
 import ray
 
 from core.metrics import hold, zero_counter
-
-NAMESPACE = "clawray"
-
-
-def control_name(run_name: str) -> str:
-    return f"TrainControl-{run_name}"
+from core.names import DEFAULT_NAMESPACE, control_name
 
 
 @ray.remote(num_cpus=0, max_restarts=-1)
@@ -79,16 +75,16 @@ class TrainControl:
 _HANDLES: dict[str, Any] = {}
 
 
-def get_control(run_name: str):
-    """Get or create the run's control actor. Not detached: it lives as long as the process that started
-    the run (a driver, or the Controller actor) keeps the handle cached here.
+def get_control(run_name: str, namespace: str = DEFAULT_NAMESPACE):
+    """Get or create the run's control actor, named in `namespace`. Not detached: it lives as long as the
+    process that started the run (a driver, or the Controller actor) keeps the handle cached here.
 
     NOTE: the cache matters: a non-detached actor dies when its last handle goes away, and a later
     `get_if_exists` could otherwise pick up the dying actor of a previous window.
     """
-    key = f"{ray.get_runtime_context().get_job_id()}/{run_name}"  # handles die with their Ray session
+    key = f"{ray.get_runtime_context().get_job_id()}/{namespace}/{run_name}"  # handles die with their session
     handle = _HANDLES.get(key)
     if handle is None:
-        handle = TrainControl.options(name=control_name(run_name), namespace=NAMESPACE, get_if_exists=True).remote()
+        handle = TrainControl.options(name=control_name(run_name), namespace=namespace, get_if_exists=True).remote()
         _HANDLES[key] = handle
     return handle

@@ -49,15 +49,14 @@ import ray.train.torch
 import torch
 import torch.distributed as dist
 
+from core import names
 from core.adapter_store import adapter_store
 from core.config import TrainConfig
 from core.contracts import Sample
 from core.storage import StorageLayout, atomic_write_json, read_json
 from train.batch import collate
-from train.control import NAMESPACE, control_name
 from train.model import build_peft_model, make_backend
 from train.publish import notify_serving, publish_adapter
-from train.replay import NAME as REPLAY_NAME
 from train.run_files import LocalRunFiles, RemoteRunFiles, run_files
 from train.step import train_step
 
@@ -100,8 +99,10 @@ class _Rank0:
     def __init__(self, cfg: TrainConfig, config: dict[str, Any]) -> None:
         self.cfg, self.run_name = cfg, config["run_name"]
         self.lease_s = float(config["lease_s"])
-        self.replay = ray.get_actor(REPLAY_NAME, namespace=NAMESPACE)
-        self.control = ray.get_actor(control_name(self.run_name), namespace=NAMESPACE)
+        self.namespace = config["namespace"]  # of the actors below (`ray.namespace`)
+        # Waited for (core/names.py): a Replay being recreated is back within the lookup's timeout.
+        self.replay = names.actor(names.REPLAY, self.namespace)
+        self.control = names.actor(names.control_name(self.run_name), self.namespace)
         self.storage = StorageLayout(Path(config["storage_root"]), blob_root=config.get("blob_root"))
         self.files = run_files(self.storage, self.run_name)
         self.hook = (config.get("test_hooks") or {}).get("before_seal")
@@ -143,7 +144,7 @@ class _Rank0:
         """The step's commit point (see the module docstring): True when Replay sealed the batch."""
         ids = [s.sample_id for s in samples]
         if self.hook:
-            ray.get(ray.get_actor(self.hook, namespace=NAMESPACE).before_seal.remote(
+            ray.get(names.actor(self.hook, self.namespace).before_seal.remote(
                 {"lease_id": lease_id, "sample_ids": ids}))
         ok, why = ray.get(self.replay.seal.remote(lease_id, ids))
         if not ok:

@@ -33,12 +33,13 @@ from typing import Any  # noqa: E402
 
 import ray  # noqa: E402
 
+from core import names  # noqa: E402
 from core.blobs import checkpoint_storage, endpoint_env  # noqa: E402
 from core.config import StateConfig, TrainConfig  # noqa: E402
+from core.names import REPLAY as REPLAY_NAME  # noqa: E402
 from core.storage import StorageLayout  # noqa: E402
-from train.control import NAMESPACE, get_control  # noqa: E402
+from train.control import get_control  # noqa: E402
 from train.grpo import train_loop_per_worker  # noqa: E402
-from train.replay import NAME as REPLAY_NAME  # noqa: E402
 from train.run_files import run_files  # noqa: E402
 from train.run_lock import Holding, RunLease, RunLockBusy, acquire_run_lock  # noqa: E402
 
@@ -76,8 +77,10 @@ def _require_v2() -> None:
 
 def build_trainer(cfg: TrainConfig, *, model_path: str, storage: StorageLayout, max_steps: int,
                   run_name: str, lease_s: float = 600.0, notify_serving: bool = True,
-                  max_failures: int = 2, test_hooks: dict[str, str] | None = None):
-    """A `TorchTrainer` for the GRPO loop (fixed or elastic workers from `cfg.num_workers`).
+                  max_failures: int = 2, test_hooks: dict[str, str] | None = None,
+                  namespace: str = names.DEFAULT_NAMESPACE):
+    """A `TorchTrainer` for the GRPO loop (fixed or elastic workers from `cfg.num_workers`); its workers
+    find the `Replay` and run control actors in `namespace`.
 
     `test_hooks` (tests only): {"before_seal": name of an actor rank 0 awaits before sealing a step}."""
     _require_v2()
@@ -103,7 +106,7 @@ def build_trainer(cfg: TrainConfig, *, model_path: str, storage: StorageLayout, 
         "train": cfg.model_dump(mode="json"), "model_path": model_path, "storage_root": str(storage.root),
         "blob_root": storage.blob_root,
         "run_name": run_name, "max_steps": max_steps, "lease_s": lease_s, "notify_serving": notify_serving,
-        "test_hooks": dict(test_hooks or {}),
+        "test_hooks": dict(test_hooks or {}), "namespace": namespace,
     }
     return TorchTrainer(
         train_loop_per_worker,
@@ -154,12 +157,12 @@ def await_previous_run_gone(previous: Holding | None) -> None:
         time.sleep(0.5)
 
 
-def _require_replay() -> None:
-    try:  # fail fast here: inside the trainer a missing actor would be retried as a worker failure
-        ray.get_actor(REPLAY_NAME, namespace=NAMESPACE)
+def _require_replay(namespace: str) -> None:
+    try:  # fail fast here (one try): inside the trainer a missing actor would be retried as a worker failure
+        names.actor(REPLAY_NAME, namespace, timeout_s=0, fresh=True)
     except ValueError as e:
         raise RuntimeError(
-            f"no {REPLAY_NAME!r} actor in namespace {NAMESPACE!r}: start it first "
+            f"no {REPLAY_NAME!r} actor in namespace {namespace!r}: start it first "
             "(train.replay.get_or_create_replay)"
         ) from e
 
@@ -167,7 +170,8 @@ def _require_replay() -> None:
 def run_training(cfg: TrainConfig, *, model_path: str, storage: StorageLayout, max_steps: int | None = None,
                  run_name: str = "grpo", lease_s: float = 600.0, notify_serving: bool = True,
                  control=None, test_hooks: dict[str, str] | None = None, lease: RunLease | None = None,
-                 holder: str = "python -m train.job", state: StateConfig | dict | None = None) -> TrainResult:
+                 holder: str = "python -m train.job", state: StateConfig | dict | None = None,
+                 namespace: str = names.DEFAULT_NAMESPACE) -> TrainResult:
     """Train until stopped, out of fresh samples, or `max_steps` (default `cfg.max_steps_per_window`).
 
     Needs `ray.init` done and the `Replay` actor running. Re-running with the same `run_name` and
@@ -179,26 +183,28 @@ def run_training(cfg: TrainConfig, *, model_path: str, storage: StorageLayout, m
     lease. That is what makes the recovery every run starts with (rank 0 releases every open lease
     owned by `run_name`) safe: the only other leases under that name are a dead run's. `lease`: the lock,
     already taken by the caller (`TrainJob.start`, so a refused start is answered at once); it is given
-    back here either way. `state`: the config's `state` section (where the run lock lives).
+    back here either way. `state`: the config's `state` section (where the run lock lives). `namespace`:
+    the Ray namespace of the `Replay` actor and of the run's control actor (`ray.namespace`).
     """
     storage.ensure()
     lease = lease or take_run_lock(storage, f"{holder} (run {run_name!r})", state)
     try:
-        _require_replay()
+        _require_replay(namespace)
         await_previous_run_gone(lease.previous)
         if control is None:  # TrainJob passes its own, reset once it held the lock
-            control = get_control(run_name)
+            control = get_control(run_name, namespace)
             ray.get(control.reset.remote())
         lease.on_lost(control.request_stop.remote)  # taken over after a stall: stop at the next boundary
         return _train(cfg, control, model_path=model_path, storage=storage, max_steps=max_steps,
-                      run_name=run_name, lease_s=lease_s, notify_serving=notify_serving, test_hooks=test_hooks)
+                      run_name=run_name, lease_s=lease_s, notify_serving=notify_serving, test_hooks=test_hooks,
+                      namespace=namespace)
     finally:
         lease.release()
 
 
 def _train(cfg: TrainConfig, control, *, model_path: str, storage: StorageLayout, max_steps: int | None,
            run_name: str, lease_s: float, notify_serving: bool,
-           test_hooks: dict[str, str] | None) -> TrainResult:
+           test_hooks: dict[str, str] | None, namespace: str = names.DEFAULT_NAMESPACE) -> TrainResult:
     """The run itself, under the run lock: build the trainer, fit, read back what it did (from the run's
     records, which rank 0 wrote wherever it ran: train/run_files.py)."""
     files = run_files(storage, run_name)
@@ -206,7 +212,7 @@ def _train(cfg: TrainConfig, control, *, model_path: str, storage: StorageLayout
     steps = max_steps if max_steps is not None else cfg.max_steps_per_window
     trainer = build_trainer(cfg, model_path=model_path, storage=storage, max_steps=steps,
                             run_name=run_name, lease_s=lease_s, notify_serving=notify_serving,
-                            test_hooks=test_hooks)
+                            test_hooks=test_hooks, namespace=namespace)
     error = None
     try:
         result = trainer.fit()
@@ -233,9 +239,9 @@ class TrainJob:
     def __init__(self, cfg: TrainConfig, *, model_path: str, storage: StorageLayout,
                  run_name: str = "grpo", max_steps: int | None = None, lease_s: float = 600.0,
                  notify_serving: bool = True, holder: str = "TrainJob",
-                 state: StateConfig | dict | None = None) -> None:
+                 state: StateConfig | dict | None = None, namespace: str = names.DEFAULT_NAMESPACE) -> None:
         self._kwargs = dict(model_path=model_path, storage=storage, max_steps=max_steps, run_name=run_name,
-                            lease_s=lease_s, notify_serving=notify_serving)
+                            lease_s=lease_s, notify_serving=notify_serving, namespace=namespace)
         self._state = state
         self._cfg, self.run_name = cfg, run_name
         self._holder = f"{holder} (run {run_name!r})"
@@ -248,7 +254,7 @@ class TrainJob:
         lock (this job's own run included), before touching the run's control actor."""
         lease = take_run_lock(self._kwargs["storage"], self._holder, self._state)
         try:
-            self._control = get_control(self.run_name)
+            self._control = get_control(self.run_name, self._kwargs["namespace"])
             ray.get(self._control.reset.remote())  # before the thread: a stop requested now must count
         except BaseException:
             lease.release()
@@ -310,13 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     storage = StorageLayout(cfg.storage_path(), blob_root=cfg.blob_root()).ensure()
     # Keep the handle: the actor lives while it is held.
-    replay = get_or_create_replay(cfg.replay, storage, state=cfg.state.model_dump())
+    replay = get_or_create_replay(cfg.replay, storage, state=cfg.state.model_dump(), namespace=cfg.ray.namespace)
     ray.get(replay.stats.remote())
     try:
         result = run_training(
             cfg.train, model_path=cfg.model_path(), storage=storage, max_steps=args.steps,
             run_name=args.run_name, lease_s=cfg.replay.lease_timeout_s, notify_serving=not args.no_serve,
-            state=cfg.state,
+            state=cfg.state, namespace=cfg.ray.namespace,
         )
     except RunLockBusy as e:
         print(f"error: {e}", file=sys.stderr)

@@ -22,15 +22,13 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from core import names
 from core.adapter_store import LocalAdapters, RemoteAdapters
 from core.config import LoRAConfig
 from core.contracts import AdapterManifest, adapter_name, parse_adapter_name
 from core.storage import TMP_PREFIX, atomic_write_json, remove_stale_temps, rename_durably
 
 log = logging.getLogger(__name__)
-
-SERVE_APP = "clawray"
-ENGINE_DEPLOYMENT = "PolicyEngine"
 
 
 def latest_version(adapters_dir: Path) -> int:
@@ -109,7 +107,7 @@ def _publish_local(peft_model, adapters_dir: Path, manifest) -> tuple[str, Path]
 
 
 def notify_serving(name: str, path: Path | str, timeout_s: float = 120.0) -> bool:
-    """Ask the `PolicyEngine` deployment of the `clawray` Serve app to load and activate `name` (`path`:
+    """Ask the engine deployment (`PolicyEngine`) of the Serve app (`clawray`; core/names.py) to load and activate `name` (`path`:
     what `publish_adapter` returned; the engine checks it against its own storage root).
 
     Returns False (with a log line) when no Serve app is running: offline training just publishes.
@@ -121,9 +119,9 @@ def notify_serving(name: str, path: Path | str, timeout_s: float = 120.0) -> boo
     from ray.serve.exceptions import RayServeException
 
     try:
-        handle = serve.get_deployment_handle(ENGINE_DEPLOYMENT, app_name=SERVE_APP)
+        handle = serve.get_deployment_handle(names.ENGINE, app_name=names.APP)
     except (RayServeException, KeyError) as e:
-        log.info("no Serve app %r/%s (%s): published %s without hot-swap", SERVE_APP, ENGINE_DEPLOYMENT, e, name)
+        log.info("no Serve app %r/%s (%s): published %s without hot-swap", names.APP, names.ENGINE, e, name)
         return False
     try:
         handle.load_adapter.remote(name, str(path)).result(timeout_s=timeout_s)

@@ -1,6 +1,6 @@
 """`Replay`: the named Ray actor that owns the replay store (thin wrapper around `ReplayStore`).
 
-Name `Replay`, namespace `clawray`, restarted forever (`max_restarts=-1`): the store is durable, so a
+Name `Replay`, in the configured namespace (`ray.namespace`; names: core/names.py), restarted forever (`max_restarts=-1`): the store is durable, so a
 restarted actor reopens the same buffer (the SQLite file under the storage root's `replay/`, or the
 PostgreSQL schema when `state.dsn` is set) and loses nothing that was acknowledged. Calls are retried
 after a restart: `append` is idempotent (sample ids), a retried `lease` at worst leaves one orphan lease
@@ -25,14 +25,13 @@ from typing import Any
 import ray
 from ray.util.metrics import Gauge
 
+from core import names
 from core.config import ReplayConfig, StateConfig
 from core.contracts import Sample
 from core.metrics import hold
 from core.storage import StorageLayout
 from train.replay_store import STATES, ReplayStore
 
-NAME = "Replay"
-NAMESPACE = "clawray"
 DB_FILE = "replay.sqlite"
 EXPORT_EVERY_S = 5.0  # stats() walks an index: throttle the gauges instead of updating per call
 
@@ -144,20 +143,18 @@ class Replay:
 
 
 def get_or_create_replay(cfg: ReplayConfig, storage: StorageLayout, *, detached: bool = False,
-                         state: StateConfig | dict | None = None):
+                         state: StateConfig | dict | None = None, namespace: str = names.DEFAULT_NAMESPACE):
     """The `Replay` actor handle, created if it does not exist yet: its buffer in `state` (the config's
     `state` section; none or no dsn = the SQLite file under `storage.replay`, checked against the storage
     root by core.state.check_embedded).
 
-    `detached=True` lets it outlive the creating process (a CLI that wires a long-lived cluster).
+    `detached=True` lets it outlive the creating process (a CLI that wires a long-lived cluster);
+    `namespace`: the Ray namespace it is named in (`ray.namespace`).
     """
-    opts: dict[str, Any] = {"name": NAME, "namespace": NAMESPACE, "get_if_exists": True}
+    opts: dict[str, Any] = {"name": names.REPLAY, "namespace": namespace, "get_if_exists": True}
     if detached:
         opts["lifetime"] = "detached"
     state = state.model_dump() if isinstance(state, StateConfig) else state
+    names.forget(names.REPLAY, namespace)  # a handle this process cached may be of a killed incarnation
     return Replay.options(**opts).remote(cfg, str(storage.replay), state=state, storage_root=str(storage.root))
 
-
-def get_replay():
-    """The running `Replay` actor (raises ValueError if there is none)."""
-    return ray.get_actor(NAME, namespace=NAMESPACE)

@@ -232,17 +232,14 @@ def observe(cfg, dash: str, mport: int) -> dict:
     """Poll the dashboard's HTTP API and the metrics export port until everything shows, or POLL_S."""
     from ray._private.authentication.http_token_authentication import get_auth_headers_if_auth_enabled
 
-    from cluster.serve_app import APP_NAME, ENGINE_DEPLOYMENT
-    from cluster.system import ACTOR_NAMES
-    from rewards.pool import prm_name
-    from train.control import control_name
+    from core import names
 
     headers = get_auth_headers_if_auth_enabled({})  # what `ray get-auth-token` prints, as a header
-    actors = [*ACTOR_NAMES, *(prm_name(i) for i in range(cfg.rewards.pool_size)), control_name(RUN)]
+    actors = [*names.names_for(cfg).actors, names.control_name(RUN)]
     t0, out = time.monotonic(), {}
     while True:
-        dash_problems, seen = dashboard_problems(dash, headers, actors, ("Proxy", ENGINE_DEPLOYMENT),
-                                                 APP_NAME, cfg.ray.namespace)
+        dash_problems, seen = dashboard_problems(dash, headers, actors, (names.PROXY, names.ENGINE),
+                                                 names.APP, cfg.ray.namespace)
         text = httpx.get(f"http://127.0.0.1:{mport}/metrics", timeout=30).text
         out = {"dashboard_problems": dash_problems, "dashboard": seen, "metric_problems": metric_problems(text),
                "expected_actors": actors, "poll_s": round(time.monotonic() - t0, 1)}

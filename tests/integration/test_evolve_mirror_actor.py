@@ -9,7 +9,8 @@ import uuid
 from pathlib import Path
 
 from core.config import REPO_ROOT, EvolverConfig, SkillsConfig
-from evolve.actor import NAMESPACE, Evolver
+from core.names import DEFAULT_NAMESPACE as NAMESPACE
+from evolve.actor import Evolver
 from evolve.mirror import SkillMirror, SnapshotReader
 from tests.integration.test_evolve_actor import FEEDBACK, turn_and_sample
 from tests.servers import S3_ENV

@@ -106,13 +106,13 @@ def test_a_process_that_waited_for_the_export_lock_uses_the_finished_export(cach
     exports: list[str] = []
     monkeypatch.setattr(onnx_encoder, "_export_checked", lambda *a: exports.append("again"))
     at_lock = threading.Event()
-    real_lock = onnx_encoder._file_lock
+    real_lock = onnx_encoder.file_lock
 
     def lock_seen(path):
         at_lock.set()  # the waiter has already found no graph in the cache
         return real_lock(path)
 
-    monkeypatch.setattr(onnx_encoder, "_file_lock", lock_seen)
+    monkeypatch.setattr(onnx_encoder, "file_lock", lock_seen)
     got: list[object] = []
     with real_lock(onnx_path.with_suffix(".lock")):  # "another process" holds the lock while exporting
         waiter = threading.Thread(target=lambda: got.append(load_or_export(MODEL_DIR, tmp_path, lambda: None)))

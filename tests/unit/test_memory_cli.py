@@ -65,7 +65,7 @@ def test_search_uses_the_embedder_the_mounting_cli_hands_in(env, monkeypatch):
     run, _, tmp = env
     (tmp / "c.yaml").write_text(f"storage_root: {tmp / 'state'}\nmemory: {{min_similarity: 0.0}}\n")
     emb = WordEmbedder()
-    monkeypatch.setattr(memory_cli, "_embedder_factory", lambda model: emb)
+    monkeypatch.setattr(memory_cli, "_embedder_factory", lambda model, encoder: emb)
     r = run("search", "which editor", "--user", "alice", "--workspace", "w")
     assert r.exit_code == 0 and emb.calls == [["which editor"]] and "full text only" not in r.output
 
