@@ -27,7 +27,9 @@ import asyncio
 import json
 import os
 import shutil
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,28 @@ def _wait(pred, timeout: float, every: float = 0.5):
         time.sleep(every)
     return None
 
+
+
+@contextmanager
+def users_at_work(omls, every_s: float = 2.0):
+    """The simulated users are at their desks for the whole working day, also while the demo waits for the
+    morning's turns to be scored and distilled (on 2 loaded cores that pause can outlast OMLS's 30-second
+    inactivity threshold, and a window opened at midday would train the morning's generation). Reported
+    through OMLS's activity input, as the Proxy reports a request. The evening starts when this ends."""
+    done = threading.Event()
+
+    def beat():
+        while not done.is_set():
+            omls.report_activity.remote(time.time())
+            done.wait(every_s)
+
+    thread = threading.Thread(target=beat, name="users-at-work", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 class Demo:
     def __init__(self, cfg: ClawrayConfig, workload: Path, console: Console, rounds: int | None = None):
@@ -159,6 +183,24 @@ class Demo:
         for u in USERS:
             prepare_workspace(self.workload, self.root / "workspaces", u)
         task = progress.add_task(f"{day.id} morning: {USERS[0]} alone", total=len(USERS) * len(day.rounds))
+        with users_at_work(self._h(names.OMLS)):
+            results, turns, scored, observed, skills, replay = self._working_day(i, day, progress, task)
+        # The evening: everyone has gone home; a window may open from here on (idle_window counts from here).
+        self.runs_before_evening = ray.get(self._h(names.CONTROLLER).status.remote())["runs"]
+        team = [f"{u}-{day.id}" for u in USERS[1:]]
+        t2, s2, o2 = self._settle(team, replay["total"], self._evolver_observed_at_afternoon)
+        if i == 0:
+            self.ev.day1_turns, self.ev.day1_scored, self.ev.day1_observed = turns + t2, scored + s2, observed + o2
+        replay = self._replay()
+        progress.update(task, description=f"{day.id}: done")
+        s = summarize(results)
+        return {"day": day.id, "mean_score": s["mean_score"], "passed": f"{s['passed']}/{s['rounds']}",
+                "errors": s["errors"], "skills": skills["skills"], "generation": skills["generation"],
+                "adapter": self._day_adapters(day.id), "support": replay["by_state"].get("support", 0),
+                "retired": replay["by_state"].get("retired", 0), "fresh": replay["trainable"]}
+
+    def _working_day(self, i: int, day, progress: Progress, task):
+        """Morning (one user), midday (scoring, then evolution), afternoon (the others)."""
         replay0, observed0 = self._replay()["total"], self._evolver()["turns_observed"]
         results = self._play(day, USERS[:1], progress, task)
         progress.update(task, description=f"{day.id} midday: scoring, then distilling the morning's failures")
@@ -175,19 +217,9 @@ class Demo:
             self.ev.support = replay["by_state"].get("support", 0) - support0
         progress.update(task, description=f"{day.id} afternoon: {', '.join(USERS[1:])} under generation "
                         f"{skills['generation']}")
-        replay1, observed1 = replay["total"], self._evolver()["turns_observed"]
+        self._evolver_observed_at_afternoon = self._evolver()["turns_observed"]
         results += self._play(day, USERS[1:], progress, task)
-        team = [f"{u}-{day.id}" for u in USERS[1:]]
-        t2, s2, o2 = self._settle(team, replay1, observed1)
-        if i == 0:
-            self.ev.day1_turns, self.ev.day1_scored, self.ev.day1_observed = turns + t2, scored + s2, observed + o2
-        replay = self._replay()
-        progress.update(task, description=f"{day.id}: done")
-        s = summarize(results)
-        return {"day": day.id, "mean_score": s["mean_score"], "passed": f"{s['passed']}/{s['rounds']}",
-                "errors": s["errors"], "skills": skills["skills"], "generation": skills["generation"],
-                "adapter": self._day_adapters(day.id), "support": replay["by_state"].get("support", 0),
-                "retired": replay["by_state"].get("retired", 0), "fresh": replay["trainable"]}
+        return results, turns, scored, observed, skills, replay
 
     def _day_adapters(self, day_id: str) -> str:
         adapters = {t.adapter_version or "base" for t in self._turns([f"{u}-{day_id}" for u in USERS])}
@@ -197,7 +229,7 @@ class Demo:
         self.ev.fresh_before_window = self._replay()["trainable"]
         task = progress.add_task("users away: waiting for OMLS to open a window", total=None)
         ctl = self._h(names.CONTROLLER)
-        runs0 = ray.get(ctl.status.remote())["runs"]
+        runs0 = self.runs_before_evening  # a window may already have opened while the last turns were scored
         if not _wait(lambda: ray.get(ctl.status.remote())["runs"] > runs0, WINDOW_TIMEOUT_S, every=1):
             progress.update(task, description="no training window opened (see `clawray status`)")
             return {}

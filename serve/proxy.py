@@ -156,6 +156,9 @@ class ProxyImpl:
             if meta.session_done:
                 await asyncio.to_thread(self.store.end_session, meta.session_id)
             return
+        # A user whose request is still running is not away: a turn that outlasts OMLS's inactivity
+        # threshold (a long generation on a slow engine) must not let a window open under it.
+        self.activity.note()
         turns = turns_from_reply(reply, meta, skills, generation, tool_calls)
         if turns:  # the conversation the engine rendered: which stored turns it continues, and how
             await self.recorder.record(turns, read_history(reply.messages, meta.params))
