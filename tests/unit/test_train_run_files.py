@@ -116,6 +116,7 @@ class FakeRay:
         import ray.train.torch
         import torch
 
+        import core.names as names
         import train.grpo as grpo
         from core.blobs import checkpoint_storage
 
@@ -124,6 +125,9 @@ class FakeRay:
         self.backend = FakeBackend()
         actors = {"Replay": _Handle(replay), f"TrainControl-{RUN}": _Handle(FakeControl())}
         monkeypatch.setattr(ray, "get", lambda x: x)
+        # A handle cached by an earlier test of this process (a real `Replay` of a live local Ray) would
+        # be served instead of these fakes: the lookup's cache starts empty here and is dropped after.
+        monkeypatch.setattr(names, "_CACHE", {})
         monkeypatch.setattr(ray, "get_actor", lambda name, namespace=None: actors[name])
         monkeypatch.setattr(ray.train, "get_context", lambda: SimpleNamespace(
             get_world_rank=lambda: 0, get_world_size=lambda: 1))
