@@ -113,7 +113,8 @@ class ControllerActor:
         # The Serve app whose engine must be up before a run starts (`serve run` brings the actors up
         # before the app: a window must not open training while vLLM is still starting); None = no gate.
         self.serving_app = serving_app
-        self._serving_seen = False
+        self._serving_seen = False  # the engine answered once (latched)
+        self._serving_down_seen = False  # ... and did not answer before that, as seen by this incarnation
         got = adopt_json(self.store, STATE_KEY, self.layout.control / LEGACY_FILE)
         self._version, saved = got or (0, {})  # the version this incarnation last read or wrote
         self.runs: int = saved.get("runs", 0)
@@ -167,12 +168,12 @@ class ControllerActor:
         except ValueError:
             return None
 
-    async def _omls(self, method: str) -> Any:
+    async def _omls(self, method: str, *args: Any) -> Any:
         omls = self._actor(names.OMLS)
         if omls is None:
             return None
         with names.forget_if_dead(names.OMLS, self.cfg.ray.namespace):
-            return await getattr(omls, method).remote()
+            return await getattr(omls, method).remote(*args)
 
     # ---- job lifecycle ----------------------------------------------------------------------------
 
@@ -316,13 +317,10 @@ class ControllerActor:
 
     # ---- reconciling with OMLS --------------------------------------------------------------------
 
-    async def _serving_ready(self) -> bool:
+    async def _probe_serving(self) -> bool:
         """Whether the engine answers (vLLM has started): a `models` call through the engine deployment's
-        handle. Latched: the gate only guards the start-up, so once seen up it is never asked again. (Not
-        `serve.status()`: under load an app that serves requests can report a status other than RUNNING
-        for minutes, which held a demo's window until the users came back.)"""
-        if self.serving_app is None or self._serving_seen:
-            return True
+        handle. (Not `serve.status()`: under load an app that serves requests can report a status other
+        than RUNNING for minutes, which held a demo's window until the users came back.)"""
         from ray import serve
 
         try:
@@ -331,12 +329,29 @@ class ControllerActor:
         except Exception as e:  # noqa: BLE001 - no app, no replica yet, or still starting: asked next tick
             log.debug("serving not ready: %s: %s", type(e).__name__, e)
             return False
-        self._serving_seen = True
         return True
+
+    async def _watch_serving(self) -> None:
+        """Until the engine has answered once, probe it every tick (latched: the gate only guards the
+        start-up). When it first answers after this Controller saw it down, users can arrive from now on:
+        the inactivity clock starts now (activity reported to OMLS, which re-evaluates at once), so a
+        window that inactivity opened while vLLM was starting closes untrained instead of starting a run
+        under the first users. A Controller that finds serving already up (restarted beside a running app)
+        reports nothing: an open window there is a real absence."""
+        if self.serving_app is None or self._serving_seen:
+            return
+        if not await self._probe_serving():
+            self._serving_down_seen = True
+            return
+        if self._serving_down_seen:  # told before latching: an OMLS call that fails is made again next tick
+            await self._omls("report_activity", time.time())
+            await self._omls("tick")
+            self._event("serving_up")
+        self._serving_seen = True
 
     async def _wait_for_serving(self) -> bool:
         """True when a run may start; else records (once) that the window waits for serving."""
-        if await self._serving_ready():
+        if self.serving_app is None or self._serving_seen:
             return True
         reason = f"serving ({self.serving_app}) is not running yet"
         if reason != self._waiting:
@@ -385,6 +400,7 @@ class ControllerActor:
 
     async def tick(self) -> None:
         async with self._serial:
+            await self._watch_serving()
             await self._reap()
             for a in await self._omls("pending_actions") or []:  # hints: the state is what we act on
                 self._event("window_" + (a.get("action") or "transition"), state=a.get("dst"),

@@ -49,11 +49,6 @@ def start_system(cfg: ClawrayConfig, *, detached: bool = False, progress=None) -
     handles = ensure_actors(cfg, detached=detached, progress=step)
     step("Serve app: Proxy -> PolicyEngine (vLLM)")
     base_url = deploy_serving(cfg, sink_actors=sink_names(cfg))
-    # Users can only be away from a system that serves: OMLS's inactivity clock started when the actor did,
-    # and a start-up slower than the threshold (vLLM on loaded CPUs: minutes) opened a window before the
-    # first user could arrive, which the first request then cut short. Serving starts the clock again.
-    if names.OMLS in handles:
-        ray.get(handles[names.OMLS].report_activity.remote(time.time()))
     return System(cfg, base_url, handles)
 
 

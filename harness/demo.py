@@ -113,6 +113,7 @@ class Demo:
         self.ev = Evidence(min_fresh_samples=cfg.train.min_fresh_samples)
         self.system = None
         self.support_ids: set[str] = set()
+        self.runs_before_evening, self.evening_at = 0, time.time()  # set again when the users go home
         self.memory_md = "## Memory\n\nNot collected: the run stopped before the end of the last day.\n"
 
     # ---- observation ------------------------------------------------------------------------------
@@ -187,6 +188,7 @@ class Demo:
             results, turns, scored, observed, skills, replay = self._working_day(i, day, progress, task)
         # The evening: everyone has gone home; a window may open from here on (idle_window counts from here).
         self.runs_before_evening = ray.get(self._h(names.CONTROLLER).status.remote())["runs"]
+        self.evening_at = time.time()
         team = [f"{u}-{day.id}" for u in USERS[1:]]
         t2, s2, o2 = self._settle(team, replay["total"], self._evolver_observed_at_afternoon)
         if i == 0:
@@ -230,7 +232,10 @@ class Demo:
         task = progress.add_task("users away: waiting for OMLS to open a window", total=None)
         ctl = self._h(names.CONTROLLER)
         runs0 = self.runs_before_evening  # a window may already have opened while the last turns were scored
-        if not _wait(lambda: ray.get(ctl.status.remote())["runs"] > runs0, WINDOW_TIMEOUT_S, every=1):
+        opened = _wait(lambda: ray.get(ctl.status.remote())["runs"] > runs0, WINDOW_TIMEOUT_S, every=1)
+        self.ev.window_opened = bool(opened)
+        if not opened:
+            self._record_evening()
             progress.update(task, description="no training window opened (see `clawray status`)")
             return {}
         progress.update(task, description="window open: GRPO on Ray Train")
@@ -242,10 +247,23 @@ class Demo:
         progress.update(task, total=1, completed=1)
         return last
 
+    def _record_evening(self) -> None:
+        """The Controller's events since the users left and OMLS's state now: the evidence of a window."""
+        events = ray.get(self._h(names.CONTROLLER).history_events.remote())
+        omls = ray.get(self._h(names.OMLS).state.remote())
+        since = self.evening_at - 1
+        self.ev.evening = [
+            f"+{h['at'] - self.evening_at:.0f}s {h['event']}"
+            + "".join(f" {k}={h[k]}" for k in ("state", "reason", "steps", "stop_reason", "error") if h.get(k))
+            for h in events if h.get("at", 0) >= since][-12:]
+        self.ev.evening.append(f"OMLS now {omls.get('state')}, last activity {omls.get('last_activity')}")
+
     def _record_run(self, last: dict[str, Any]) -> None:
         from train.run_files import step_log_path
 
         self.ev.steps, self.ev.run_error = int(last.get("steps") or 0), last.get("error")
+        self.ev.run_stop_reason = last.get("stop_reason") or ("still running" if not last else None)
+        self._record_evening()
         self.ev.adapters = list(last.get("adapters") or [])
         self.ev.active_after_window = self._active_adapter()
         path = step_log_path(StorageLayout(self.root), "grpo")

@@ -40,6 +40,9 @@ class Evidence:
     min_fresh_samples: int = 1
     steps: int = 0  # GRPO steps of the window's run
     run_error: str | None = None
+    window_opened: bool | None = None  # whether a window's run started after the users left
+    run_stop_reason: str | None = None  # why the window's run ended (train/job.py), when it did
+    evening: list[str] = field(default_factory=list)  # Controller events and OMLS state from the evening on
     trained_ids: list[str] = field(default_factory=list)
     trained_violations: list[str] = field(default_factory=list)  # trained ids that were support or stale
     adapters: list[str] = field(default_factory=list)  # published by the window's run
@@ -60,6 +63,21 @@ class Verdict:
     detail: str
 
 
+def _grpo_detail(e: Evidence) -> str:
+    """What the window did; when it trained nothing, also why (no window, the run's stop reason) and the
+    evening's events, so a failed run says where to look."""
+    detail = f"{e.steps} steps, {len(e.trained_ids)} samples trained"
+    if e.window_opened is False:
+        detail += ", no window opened"
+    elif e.run_stop_reason:
+        detail += f", run ended: {e.run_stop_reason}"
+    if e.run_error:
+        detail += f", error: {e.run_error}"
+    if not e.steps and e.evening:
+        detail += "; evening: " + " | ".join(e.evening)
+    return detail
+
+
 def _checks(e: Evidence) -> dict[str, tuple[bool, str]]:
     published = e.adapters[-1] if e.adapters else None
     day2 = set(e.day2_adapters)
@@ -74,9 +92,7 @@ def _checks(e: Evidence) -> dict[str, tuple[bool, str]]:
             f"{e.support} support samples"),
         "query_samples": (e.fresh_before_window >= e.min_fresh_samples,
                           f"{e.fresh_before_window} fresh (window needs {e.min_fresh_samples})"),
-        "grpo_steps": (e.steps > 0 and e.run_error is None and bool(e.trained_ids),
-                       f"{e.steps} steps, {len(e.trained_ids)} samples trained"
-                       + (f", error: {e.run_error}" if e.run_error else "")),
+        "grpo_steps": (e.steps > 0 and e.run_error is None and bool(e.trained_ids), _grpo_detail(e)),
         "separation": (bool(e.trained_ids) and not e.trained_violations,
                        "held" if not e.trained_violations else f"violated by {e.trained_violations[:5]}"),
         "hot_swap": (published is not None and e.active_after_window == published,

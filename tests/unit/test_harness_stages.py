@@ -44,3 +44,17 @@ def test_a_missing_stage_is_named(change, stage):
         setattr(ev, k, v)
     failed = first_failure(evaluate(ev))
     assert failed is not None and failed.stage == stage, failed
+
+
+def test_a_window_that_trained_nothing_says_why():
+    """CI once saw only "0 steps, 0 samples trained": the verdict names the cause and the evening."""
+    ev = closed_loop()
+    ev.steps, ev.trained_ids, ev.window_opened = 0, [], False
+    ev.evening = ["OMLS now idle_wait, last activity 2026-12-01T07:09:00+00:00"]
+    grpo = next(v for v in evaluate(ev) if v.stage == "grpo_steps")
+    assert not grpo.passed
+    assert "no window opened" in grpo.detail and "OMLS now idle_wait" in grpo.detail
+    ev.window_opened, ev.run_stop_reason = True, "stop_requested"
+    ev.evening = ["+31s run_started reason=window", "+40s run_finished reason=window stop_reason=stop_requested"]
+    grpo = next(v for v in evaluate(ev) if v.stage == "grpo_steps")
+    assert "run ended: stop_requested" in grpo.detail and "+40s run_finished" in grpo.detail
