@@ -27,25 +27,18 @@ from agents import apply
 from agents.base import Agent, installed
 from agents.registry import AGENTS, get
 from agents.target import Target, target_from_config
+from core.cli_common import fail as _fail
+from core.cli_common import keep_config
 from core.config import ConfigError, load_config
 
 agents_app = typer.Typer(name="agents", no_args_is_help=True, add_completion=False,
                          pretty_exceptions_enable=False,
                          help="Point an agent (OpenClaw, Claude Code, Codex, CoPaw, Hermes, Qwen Code) at clawray.")
 out = Console(soft_wrap=True)
-err = Console(stderr=True)
 NameArg = Annotated[str, typer.Argument(help=f"one of: {', '.join(AGENTS)}")]
 
 
-def _fail(msg: str) -> typer.Exit:
-    err.print(f"[red]error:[/red] {escape(msg)}", highlight=False, soft_wrap=True)
-    return typer.Exit(1)
-
-
-@agents_app.callback()
-def _main(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
-        "--config", "-c", help="config YAML (default: $CLAWRAY_CONFIG or configs/local.yaml)")] = None) -> None:
-    ctx.obj = config
+agents_app.callback()(keep_config)
 
 
 def _target(ctx: typer.Context, **kw: str | None) -> Target:

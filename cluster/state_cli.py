@@ -33,6 +33,8 @@ from cluster.state_migrate import (
     migrate,
     not_copied,
 )
+from core.cli_common import ConfigOpt
+from core.cli_common import fail as _fail
 from core.config import ConfigError, StateConfig, load_config
 from core.db import DatabaseError, redact_dsn
 from core.state import is_network_fs, mount_fs_type
@@ -40,13 +42,6 @@ from core.state import is_network_fs, mount_fs_type
 state_app = typer.Typer(name="state", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                         help="The state database: check it; migrate an embedded SQLite state into PostgreSQL.")
 out = Console()
-err = Console(stderr=True)
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="config YAML (default configs/local.yaml)")]
-
-
-def _fail(msg: str) -> typer.Exit:
-    err.print(f"[red]error:[/red] {escape(msg)}", highlight=False, soft_wrap=True)
-    return typer.Exit(1)
 
 
 def target_config(state: StateConfig, to: str | None, password_env: str | None,

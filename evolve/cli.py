@@ -26,6 +26,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from core.cli_common import err, keep_config
+from core.cli_common import fail as _fail
 from core.config import ConfigError, load_config
 from core.storage import StorageLayout
 from evolve.bank import BankError, SkillBank
@@ -35,18 +37,9 @@ from evolve.skill_md import SkillFormatError, parse_skill_md, render_skill_md
 skills_app = typer.Typer(name="skills", help="Inspect and edit the skill library.", no_args_is_help=True,
                          add_completion=False, pretty_exceptions_enable=False)
 out = Console()
-err = Console(stderr=True)
 
 
-def _fail(msg: str) -> typer.Exit:
-    err.print(f"[red]error:[/red] {escape(msg)}", highlight=False, soft_wrap=True)
-    return typer.Exit(1)
-
-
-@skills_app.callback()
-def _main(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
-        "--config", "-c", help="config YAML (default: $CLAWRAY_CONFIG or configs/local.yaml)")] = None) -> None:
-    ctx.obj = config
+skills_app.callback()(keep_config)
 
 
 BUCKET_ERRORS = (OSError, SnapshotError, RuntimeError)  # s3fs raises OSError subclasses

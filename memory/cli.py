@@ -24,9 +24,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
+from core.cli_common import fail as _fail
+from core.cli_common import keep_config
 from core.config import ConfigError, MemoryConfig, load_config
 from core.db import DatabaseError
 from core.storage import StorageLayout
@@ -39,7 +40,6 @@ from memory.store import MemoryStore
 memory_app = typer.Typer(name="memory", help="Inspect, search, export and forget long-term memory.",
                          no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 out = Console()
-err = Console(stderr=True)
 _embedder_factory: Callable[..., Embedder] | None = None  # set by the mounting CLI: (model, encoder=) -> embedder
 
 User = Annotated[str | None, typer.Option("--user", "-u", help="user id (X-User-Id)")]
@@ -53,15 +53,7 @@ def set_embedder_factory(factory: Callable[..., Embedder] | None) -> None:
     _embedder_factory = factory
 
 
-def _fail(msg: str) -> typer.Exit:
-    err.print(f"[red]error:[/red] {escape(msg)}", highlight=False, soft_wrap=True)
-    return typer.Exit(1)
-
-
-@memory_app.callback()
-def _main(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
-        "--config", "-c", help="config YAML (default: $CLAWRAY_CONFIG or configs/local.yaml)")] = None) -> None:
-    ctx.obj = config
+memory_app.callback()(keep_config)
 
 
 def _open(ctx: typer.Context) -> tuple[MemoryStore, MemoryConfig, Path]:
