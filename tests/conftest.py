@@ -154,6 +154,21 @@ def serve_app(ray_cluster, test_config):
 
 
 @pytest.fixture(scope="session")
+def tok(serve_app):
+    """The served model's tokenizer (token-exact checks of captured turns)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(serve_app["config"].model_path())
+
+
+@pytest.fixture(scope="session")
+def no_spaces(tok):
+    """logit_bias that forbids whitespace-only tokens: the random tiny model otherwise often answers with
+    whitespace that detokenizes to nothing, and tests that parse an answer need text."""
+    return {str(i): -100 for i in range(len(tok)) if tok.decode([i]).strip() == ""}
+
+
+@pytest.fixture(scope="session")
 def openai_client(serve_app):
     import openai
 

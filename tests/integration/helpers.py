@@ -31,6 +31,11 @@ def session_turns(root: str | Path, session_id: str | None = None) -> list:
         store.close()
 
 
+def app_turns(serve_app: dict, session_id: str) -> list:
+    """The stored turns of session `session_id` of the suite's system (the `serve_app` fixture)."""
+    return session_turns(serve_app["config"].storage_path(), session_id)
+
+
 def publish_adapters(model_path: str, adapters: Path, count: int, rank: int = 8) -> list[str]:
     """Write `count` new versions `policy-vNNNN` (after the highest present), each with random non-zero
     lora_B so it changes the logprobs, plus its manifest; each folder appears atomically (rename)."""

@@ -16,9 +16,8 @@ import uuid
 import anthropic
 import openai
 import pytest
-from transformers import AutoTokenizer
 
-from tests.integration.helpers import session_turns
+from tests.integration.helpers import app_turns
 
 pytestmark = pytest.mark.slow
 
@@ -36,21 +35,6 @@ HERMES = r'<tool_call>\{"name": "get_weather", "arguments": \{"unit": "c"\}\}</t
 
 def _sid() -> str:
     return f"p-{uuid.uuid4().hex[:10]}"
-
-
-def _turns(serve_app, sid):
-    return session_turns(serve_app["config"].storage_path(), sid)
-
-
-@pytest.fixture(scope="module")
-def tok(serve_app):
-    return AutoTokenizer.from_pretrained(serve_app["config"].model_path())
-
-
-@pytest.fixture(scope="module")
-def no_spaces(tok):
-    """logit_bias that forbids whitespace-only tokens (see the module docstring)."""
-    return {str(i): -100 for i in range(len(tok)) if tok.decode([i]).strip() == ""}
 
 
 def _aopenai(serve_app) -> openai.AsyncOpenAI:
@@ -77,7 +61,7 @@ def test_named_tool_choice_round_trips_in_both_modes(openai_client, serve_app, t
         max_tokens=120, extra_headers={"X-Session-Id": sid})
     (call,) = r.choices[0].message.tool_calls
     assert call.function.name == "get_weather" and json.loads(call.function.arguments)["unit"] in "cf"
-    (turn,) = _turns(serve_app, sid)
+    (turn,) = app_turns(serve_app, sid)
     assert turn.tool_calls[0]["function"]["name"] == "get_weather"
     assert "<tools>" in tok.decode(turn.prompt_ids) and "get_weather" in tok.decode(turn.prompt_ids)
 
@@ -91,7 +75,7 @@ def test_named_tool_choice_round_trips_in_both_modes(openai_client, serve_app, t
             name += tc.function.name or ""
             args += tc.function.arguments or ""
     assert name == "get_weather" and json.loads(args)["unit"] in "cf"
-    (turn,) = _turns(serve_app, sid)
+    (turn,) = app_turns(serve_app, sid)
     assert turn.tool_calls == [{"id": turn.tool_calls[0]["id"], "function": {"name": name, "arguments": args}}]
 
 
@@ -113,7 +97,7 @@ def test_tool_results_render_as_hermes_and_complete_the_previous_turn(serve_app,
         return call
 
     call = asyncio.run(run())
-    first, second = _turns(serve_app, sid)
+    first, second = app_turns(serve_app, sid)
     assert first.next_state == [{"role": "tool", "tool_call_id": call.id, "content": "12 degrees, rain"}]
     prompt = tok.decode(second.prompt_ids)
     assert f'<tool_call>{{"name": "get_weather", "arguments": {call.function.arguments}}}</tool_call>' in prompt
@@ -149,7 +133,7 @@ def test_n_choices_become_turns_of_one_group(openai_client, serve_app):
     r = openai_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], n=3,
                                               max_tokens=6, extra_headers={"X-Session-Id": sid})
     assert len(r.choices) == 3
-    turns = _turns(serve_app, sid)
+    turns = app_turns(serve_app, sid)
     assert len(turns) == 3 and len({t.group_id for t in turns}) == 1 and turns[0].group_id
     assert {t.turn_index for t in turns} == {0}
     assert sum(len(t.response_ids) for t in turns) == r.usage.completion_tokens
@@ -169,7 +153,7 @@ def test_stop_and_token_limits(openai_client, serve_app):
     assert not re.search("[ea ]", r.choices[0].message.content or "")
     r5, r3 = ask(max_tokens=5), ask(max_completion_tokens=3)
     assert r5.usage.completion_tokens <= 5 and r3.usage.completion_tokens <= 3
-    turns = _turns(serve_app, sid)
+    turns = app_turns(serve_app, sid)
     assert [len(t.response_ids) for t in turns[1:]] == [r5.usage.completion_tokens, r3.usage.completion_tokens]
 
 
@@ -192,7 +176,7 @@ def test_logprobs_shown_when_asked_equal_what_is_captured(openai_client, serve_a
         extra_headers={"X-Session-Id": sid})
     content = r.choices[0].logprobs.content
     assert all(len(c.top_logprobs) == 3 for c in content)
-    (turn,) = _turns(serve_app, sid)
+    (turn,) = app_turns(serve_app, sid)
     assert turn.response_logprobs == pytest.approx([c.logprob for c in content], abs=1e-4)
 
 
@@ -203,7 +187,7 @@ def test_usage_in_the_final_stream_chunk(openai_client, serve_app):
         stream_options={"include_usage": True}, extra_headers={"X-Session-Id": sid}))
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
     assert all(c.usage is None for c in chunks[:-1])
-    (turn,) = _turns(serve_app, sid)
+    (turn,) = app_turns(serve_app, sid)
     assert len(turn.response_ids) == chunks[-1].usage.completion_tokens
     assert len(turn.prompt_ids) == chunks[-1].usage.prompt_tokens
 
@@ -225,7 +209,7 @@ def test_anthropic_system_blocks_and_count_tokens(claude, serve_app, tok):
     m = claude.messages.create(model="clawray-policy", max_tokens=8, extra_headers={"X-Session-Id": sid}, **kw)
     assert m.type == "message" and m.role == "assistant" and m.content[0].type == "text"
     assert m.stop_reason in ("max_tokens", "end_turn") and m.usage.output_tokens > 0
-    (turn,) = _turns(serve_app, sid)
+    (turn,) = app_turns(serve_app, sid)
     prompt = tok.decode(turn.prompt_ids)
     assert "ANTH-SYS" in prompt and "Hello" in prompt and len(turn.response_ids) == m.usage.output_tokens
     assert m.usage.input_tokens == len(turn.prompt_ids)
@@ -244,7 +228,7 @@ def test_anthropic_stream_events(claude, serve_app):
         final = s.get_final_message()
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
     assert {"content_block_start", "content_block_delta", "content_block_stop", "message_delta"} <= set(kinds)
-    (turn,) = _turns(serve_app, sid)
+    (turn,) = app_turns(serve_app, sid)
     assert len(turn.response_ids) == final.usage.output_tokens == len(turn.response_logprobs)
 
 
@@ -292,7 +276,7 @@ def test_anthropic_tool_use_and_tool_result_async(serve_app, tok):
 
     use, kinds, final = asyncio.run(run())
     assert use.name == "get_weather" and "input_json" in kinds and "content_block_start" in kinds
-    turns = _turns(serve_app, sid)
+    turns = app_turns(serve_app, sid)
     first, last = next(t for t in turns if t.tool_calls), turns[-1]
     assert first.tool_calls[0]["function"]["name"] == "get_weather"
     assert last.tool_calls and last.tool_calls[0]["function"]["name"] == "get_weather"  # from the stream

@@ -17,9 +17,8 @@ import uuid
 import anthropic
 import openai
 import pytest
-from transformers import AutoTokenizer
 
-from tests.integration.helpers import session_turns
+from tests.integration.helpers import app_turns
 
 pytestmark = pytest.mark.slow
 
@@ -32,20 +31,6 @@ NAMED = {"type": "function", "name": "get_weather"}
 
 def _sid() -> str:
     return f"r-{uuid.uuid4().hex[:10]}"
-
-
-def _turns(serve_app, sid):
-    return session_turns(serve_app["config"].storage_path(), sid)
-
-
-@pytest.fixture(scope="module")
-def tok(serve_app):
-    return AutoTokenizer.from_pretrained(serve_app["config"].model_path())
-
-
-@pytest.fixture(scope="module")
-def no_spaces(tok):
-    return {str(i): -100 for i in range(len(tok)) if tok.decode([i]).strip() == ""}
 
 
 def _call(response):
@@ -62,7 +47,7 @@ def test_a_function_call_is_captured_token_exact_and_its_result_completes_the_tu
         max_output_tokens=120, extra_body={"logit_bias": no_spaces}, extra_headers={"X-Session-Id": sid})
     call = _call(r)
     assert r.status == "completed" and call.name == "get_weather" and json.loads(call.arguments)["unit"] in "cf"
-    (turn,) = _turns(serve_app, sid)
+    (turn,) = app_turns(serve_app, sid)
     assert turn.tool_calls == [{"id": call.call_id, "function": {"name": "get_weather", "arguments": call.arguments}}]
     assert len(turn.prompt_ids) == r.usage.input_tokens
     assert len(turn.response_ids) == len(turn.response_logprobs) == r.usage.output_tokens
@@ -74,7 +59,7 @@ def test_a_function_call_is_captured_token_exact_and_its_result_completes_the_tu
         {"type": "function_call_output", "call_id": call.call_id, "output": "12 degrees, rain"}]
     openai_client.responses.create(model="clawray-policy", instructions="You are terse.", input=follow,
                                    tools=[TOOL], max_output_tokens=5, extra_headers={"X-Session-Id": sid})
-    first, second = _turns(serve_app, sid)
+    first, second = app_turns(serve_app, sid)
     assert first.next_state == [{"role": "tool", "content": "12 degrees, rain", "tool_call_id": call.call_id}]
     assert "<tool_response>\n12 degrees, rain\n</tool_response>" in tok.decode(second.prompt_ids)
 
@@ -89,7 +74,7 @@ def test_a_streamed_function_call_is_captured_from_the_stream(openai_client, ser
     assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
     assert "response.function_call_arguments.delta" in kinds
     call = _call(events[-1].response)
-    (turn,) = _turns(serve_app, sid)
+    (turn,) = app_turns(serve_app, sid)
     assert turn.tool_calls == [{"id": call.call_id, "function": {"name": "get_weather", "arguments": call.arguments}}]
     assert len(turn.response_ids) == len(turn.response_logprobs) == events[-1].response.usage.output_tokens
 
@@ -107,7 +92,7 @@ def test_output_limits_beyond_the_context_are_served_and_recorded(openai_client,
     openai_client.responses.create(model="m", input="hi", max_output_tokens=32000, temperature=0,
                                    extra_headers={"X-Session-Id": sids[2]})
     for sid in sids:
-        (turn,) = _turns(serve_app, sid)
+        (turn,) = app_turns(serve_app, sid)
         assert turn.max_tokens_requested == 32000
         assert turn.max_tokens_granted == context - len(turn.prompt_ids)  # all the rendered prompt left
 

@@ -7,23 +7,13 @@ import uuid
 
 import httpx
 import pytest
-from transformers import AutoTokenizer
 
-from tests.integration.helpers import session_turns
+from tests.integration.helpers import app_turns
 
 pytestmark = pytest.mark.slow
 
 
-def _turns(serve_app, session_id):
-    return session_turns(serve_app["config"].storage_path(), session_id)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(serve_app):
-    return AutoTokenizer.from_pretrained(serve_app["config"].model_path())
-
-
-def test_completion_is_captured_token_exact(openai_client, serve_app, tokenizer):
+def test_completion_is_captured_token_exact(openai_client, serve_app, tok):
     sid = f"t-{uuid.uuid4().hex[:8]}"
     messages = [
         {"role": "system", "content": "You are terse. SYSTEM-MARKER"},
@@ -36,19 +26,19 @@ def test_completion_is_captured_token_exact(openai_client, serve_app, tokenizer)
     assert r.usage.completion_tokens > 0
     assert not hasattr(r, "prompt_token_ids") or r.prompt_token_ids is None  # not asked for
 
-    (turn,) = _turns(serve_app, sid)
+    (turn,) = app_turns(serve_app, sid)
     # What the engine rendered: the request after skill injection (the shared library may hold skills
     # from earlier tests; the turn records the messages as sent to the engine).
     assert turn.messages[-1] == messages[-1] and (turn.skills or turn.messages == messages)
-    rendered = tokenizer.apply_chat_template(turn.messages, tokenize=False, add_generation_prompt=True)
-    assert tokenizer.decode(turn.prompt_ids) == rendered
-    assert "SYSTEM-MARKER" in tokenizer.decode(turn.prompt_ids)
+    rendered = tok.apply_chat_template(turn.messages, tokenize=False, add_generation_prompt=True)
+    assert tok.decode(turn.prompt_ids) == rendered
+    assert "SYSTEM-MARKER" in tok.decode(turn.prompt_ids)
     assert len(turn.response_logprobs) == len(turn.response_ids) == r.usage.completion_tokens
-    assert tokenizer.decode(turn.response_ids, skip_special_tokens=True) == text
+    assert tok.decode(turn.response_ids, skip_special_tokens=True) == text
     assert all(lp <= 0 for lp in turn.response_logprobs)
 
 
-def test_stream_is_real_tokens_and_captured(openai_client, serve_app, tokenizer):
+def test_stream_is_real_tokens_and_captured(openai_client, serve_app, tok):
     sid = f"t-{uuid.uuid4().hex[:8]}"
     stream = openai_client.chat.completions.create(
         model="clawray-policy",
@@ -59,8 +49,8 @@ def test_stream_is_real_tokens_and_captured(openai_client, serve_app, tokenizer)
     )
     deltas = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
     assert len(deltas) >= 2  # several chunks: real token streaming, not one blob
-    (turn,) = _turns(serve_app, sid)
-    assert tokenizer.decode(turn.response_ids, skip_special_tokens=True) == "".join(deltas)
+    (turn,) = app_turns(serve_app, sid)
+    assert tok.decode(turn.response_ids, skip_special_tokens=True) == "".join(deltas)
     assert len(turn.response_logprobs) == len(turn.response_ids)
 
 
@@ -114,7 +104,7 @@ def test_next_turn_completes_previous_with_next_state(openai_client, serve_app):
         extra_headers={"X-Session-Id": sid, "X-Session-Done": "true"})
     deadline = time.time() + 10
     while time.time() < deadline:
-        turns = _turns(serve_app, sid)
+        turns = app_turns(serve_app, sid)
         if len(turns) == 2:
             break
         time.sleep(0.2)

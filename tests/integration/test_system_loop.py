@@ -11,7 +11,7 @@ import pytest
 import ray
 from transformers import AutoTokenizer
 
-from tests.integration.helpers import session_turns, wait_for
+from tests.integration.helpers import app_turns, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -24,10 +24,6 @@ def _wait(pred, timeout=60.0, every=0.5):
     value = wait_for(pred, timeout, every)
     assert value, "condition not met in time"
     return value
-
-
-def _turns(serve_app, sid):
-    return session_turns(serve_app["config"].storage_path(), sid)
 
 
 def test_failed_session_evolves_a_skill_that_the_next_request_gets(openai_client, serve_app):
@@ -57,7 +53,7 @@ def test_failed_session_evolves_a_skill_that_the_next_request_gets(openai_client
         model="clawray-policy", max_tokens=4, extra_headers={"X-Session-Id": sid2, "X-Session-Done": "1"},
         messages=[{"role": "system", "content": "You help with files."},
                   {"role": "user", "content": "Please modify config.json and create a backup .bak first"}])
-    (turn,) = _turns(serve_app, sid2)
+    (turn,) = app_turns(serve_app, sid2)
     assert turn.skill_generation == gen1
     assert turn.skills, "no skill was injected"
     tok = AutoTokenizer.from_pretrained(serve_app["config"].model_path())
@@ -71,7 +67,7 @@ def test_captured_turns_become_scored_samples_in_replay(openai_client, serve_app
     openai_client.chat.completions.create(
         model="clawray-policy", max_tokens=6, messages=[{"role": "user", "content": QUESTION}],
         extra_headers={"X-Session-Id": sid, "X-Session-Done": "true"}, extra_body={"clawray_eval": SPEC})
-    (turn,) = _turns(serve_app, sid)
+    (turn,) = app_turns(serve_app, sid)
     # sample_id == turn_id (re-delivery is idempotent); the checker failed it -> reward < 0.
     state = _wait(lambda: ray.get(h["Replay"].states.remote([turn.turn_id])).get(turn.turn_id))
     assert state in {"fresh", "support", "retired"}
@@ -82,4 +78,4 @@ def test_side_turns_never_become_samples(openai_client, serve_app):
     openai_client.chat.completions.create(
         model="clawray-policy", max_tokens=4, messages=[{"role": "user", "content": "title for this chat"}],
         extra_headers={"X-Session-Id": sid, "X-Turn-Type": "side", "X-Session-Done": "1"})
-    assert _turns(serve_app, sid) == []
+    assert app_turns(serve_app, sid) == []

@@ -17,7 +17,10 @@ from datetime import UTC, datetime, timedelta
 from cluster.controller import ControllerActor
 from cluster.omls import OMLS, State
 from cluster.signals import ProxyInactivitySignal
-from tests.unit.test_invariant_control import FakeJob, FakeOMLS, Handle, settle, system  # noqa: F401 - fixture
+from tests.unit import test_invariant_control as control
+from tests.unit.test_invariant_control import FakeJob, FakeOMLS, Handle, settle
+
+system = control.system  # the fakes' fixture, shared
 
 IDLE_MINUTES = 0.5
 
