@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -94,56 +95,42 @@ class PolicyEngineImpl:
     # Each request passes the sleep gate before it resolves its adapter: one that waited while vLLM slept
     # gets the adapter activated at wake-up.
 
-    async def chat(self, body: dict[str, Any]) -> Reply:
+    @asynccontextmanager
+    async def _admitted(self, body: dict[str, Any]) -> AsyncIterator[None]:
+        """Around one request: through the sleep gate, its adapter pinned until it is done."""
         async with self.gate.admit():
             name = self._pin(body)
             try:
-                return await self.vllm.chat(body)
+                yield
             finally:
                 await self._done(name)
+
+    async def chat(self, body: dict[str, Any]) -> Reply:
+        async with self._admitted(body):
+            return await self.vllm.chat(body)
 
     async def messages(self, body: dict[str, Any]) -> Reply:
-        async with self.gate.admit():
-            name = self._pin(body)
-            try:
-                return await self.vllm.messages(body)
-            finally:
-                await self._done(name)
-
-    async def chat_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
-        async with self.gate.admit():
-            name = self._pin(body)
-            try:
-                async for item in self.vllm.chat_stream(body):
-                    yield item
-            finally:
-                await self._done(name)
-
-    async def messages_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
-        async with self.gate.admit():
-            name = self._pin(body)
-            try:
-                async for item in self.vllm.messages_stream(body):
-                    yield item
-            finally:
-                await self._done(name)
+        async with self._admitted(body):
+            return await self.vllm.messages(body)
 
     async def responses(self, body: dict[str, Any]) -> Reply:
-        async with self.gate.admit():
-            name = self._pin(body)
-            try:
-                return await self.vllm.responses(body)
-            finally:
-                await self._done(name)
+        async with self._admitted(body):
+            return await self.vllm.responses(body)
+
+    async def chat_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
+        async with self._admitted(body):
+            async for item in self.vllm.chat_stream(body):
+                yield item
+
+    async def messages_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
+        async with self._admitted(body):
+            async for item in self.vllm.messages_stream(body):
+                yield item
 
     async def responses_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
-        async with self.gate.admit():
-            name = self._pin(body)
-            try:
-                async for item in self.vllm.responses_stream(body):
-                    yield item
-            finally:
-                await self._done(name)
+        async with self._admitted(body):
+            async for item in self.vllm.responses_stream(body):
+                yield item
 
     async def count_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
         body["model"] = self.model_cfg.served_name
