@@ -451,7 +451,14 @@ class SnapshotReader:
         self.version = 0
         self._refused = 0
         self.search = self._open(self.cache / "empty")  # until the bucket has a snapshot
-        self.poll()
+        try:
+            self.poll()
+        except Exception as e:  # noqa: BLE001 - s3fs/gcsfs raise OSError subclasses and their own errors
+            # A replica that cannot read the bucket yet still serves (without skills, generation 0: such
+            # turns are never trained once the library's generation is known) rather than failing its
+            # start; the injector's follower polls again every `skills.refresh_s`.
+            log.warning("cannot read the skill library from the bucket at start (%s: %s); serving "
+                        "without skills until it can", type(e).__name__, e)
 
     @property
     def generation(self) -> int:

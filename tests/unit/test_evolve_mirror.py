@@ -402,3 +402,38 @@ def test_a_record_naming_a_path_outside_its_snapshot_is_refused(blob_root: str, 
     with pytest.raises(SnapshotError, match="leaves the snapshot"):
         reader.poll()
     assert not (tmp_path / "escaped").exists() and reader.version == 1
+
+
+async def test_a_replica_starts_while_the_bucket_is_unreachable_and_takes_the_library_once_it_is_back(
+        blob_root: str, tmp_path: Path, monkeypatch):
+    """A Proxy replica whose first look at the bucket fails (the bucket briefly unreachable, credentials
+    still propagating) starts and serves, without skills, instead of failing its start; its follower
+    takes the library as soon as the bucket answers."""
+    import asyncio
+
+    from core.blobs import BlobStore
+    from serve.injection import SkillInjector
+
+    mirror, bank = writer(blob_root, tmp_path / "evolver")
+    bank.add(sk("deploy-service"))
+    mirror.publish()
+    real_list, down = BlobStore.list, {"now": True}
+
+    def flaky_list(self, prefix):
+        if down["now"]:
+            raise OSError("Could not connect to the endpoint URL")
+        return real_list(self, prefix)
+
+    monkeypatch.setattr(BlobStore, "list", flaky_list)
+    injector = SkillInjector.build(SkillsConfig(retrieval="template", refresh_s=0.05),
+                                   tmp_path / "proxy" / "skills", blob_root)
+    body = {"messages": [{"role": "user", "content": "deploy the service"}]}
+    assert await injector.inject(dict(body), anthropic=False) == ([], 0)
+    follower = injector.start()
+    down["now"] = False
+    for _ in range(400):  # the follower's next tick (every refresh_s); bounded, not timed
+        if injector.search.generation == 1:
+            break
+        await asyncio.sleep(0.05)
+    assert await injector.inject(dict(body), anthropic=False) == (["deploy-service"], 1)
+    follower.cancel()
