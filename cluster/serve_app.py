@@ -74,6 +74,17 @@ def memory_args(cfg: ClawrayConfig) -> dict[str, Any] | None:
             "max_model_len": cfg.model.max_model_len}
 
 
+def context_args(cfg: ClawrayConfig) -> dict[str, Any]:
+    """What a Proxy replica needs to fit long conversations (serve/context_manager.py): the context length
+    (`proxy.context.context_tokens`, else the local model's `max_model_len`; None with an upstream engine
+    and no `context_tokens`: unknown, so context management is off) and the model folder for its tokenizer."""
+    local = cfg.engine.backend == "vllm"
+    limit = cfg.proxy.context.context_tokens
+    if local:
+        limit = min(limit or cfg.model.max_model_len, cfg.model.max_model_len)
+    return {"context_len": limit, "tokenizer_path": cfg.model_path() if local else None}
+
+
 def placement(cfg: ClawrayConfig) -> dict[str, Any]:
     """The engine replica's custom resources (`engine.resources`, e.g. {clawray_serve: 1}: serving nodes
     only), as `ray_actor_options` entries; none by default (any node, one machine)."""
@@ -115,7 +126,7 @@ def build_proxy(cfg: ClawrayConfig, engine: Any, sink_actors: list[str] | None =
         ray_actor_options={"num_cpus": cfg.proxy.num_cpus,
                            "runtime_env": {"env_vars": dict(PROXY_REPLICA_ENV)}},
     ).bind(engine, cfg.proxy.model_dump(), cfg.skills.model_dump(), str(cfg.storage_path()), sink_actors,
-           memory_args(cfg), cfg.state.model_dump(), cfg.blob_root(), cfg.ray.namespace)
+           memory_args(cfg), cfg.state.model_dump(), cfg.blob_root(), cfg.ray.namespace, context_args(cfg))
 
 
 def build_colocated(cfg: ClawrayConfig, sink_actors: list[str] | None = None):
@@ -137,7 +148,7 @@ def build_colocated(cfg: ClawrayConfig, sink_actors: list[str] | None = None):
         ray_actor_options={"num_cpus": cfg.engine.num_cpus + cfg.proxy.num_cpus,
                            "num_gpus": cfg.engine.num_gpus, "runtime_env": {"env_vars": env}, **placement(cfg)},
     ).bind(cfg.engine.backend, args, cfg.proxy.model_dump(), cfg.skills.model_dump(), storage, sink_actors,
-           memory_args(cfg), cfg.state.model_dump(), cfg.blob_root(), cfg.ray.namespace)
+           memory_args(cfg), cfg.state.model_dump(), cfg.blob_root(), cfg.ray.namespace, context_args(cfg))
 
 
 def build_app(cfg: ClawrayConfig, sink_actors: list[str] | None = None):

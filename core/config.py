@@ -100,6 +100,10 @@ class EngineConfig(Section):
     # (serve/budget.py); the turn records the limit asked and the one granted. false: vLLM's own rule (it
     # refuses such a limit). An upstream API applies its own rule.
     clamp_max_tokens: bool = True
+    # vLLM engine: the most output tokens one request runs. A client's larger limit, or none at all (vLLM
+    # would grant everything the context leaves), is lowered to it; the turn records what was granted.
+    # None: no cap beyond the context.
+    max_output_tokens: int | None = Field(default=None, ge=1)
     upstream: LLMEndpoint | None = None  # required when backend == "upstream"
 
     @field_validator("resources")
@@ -118,6 +122,38 @@ class EngineConfig(Section):
     def _upstream(self) -> EngineConfig:
         if self.backend == "upstream" and self.upstream is None:
             raise ValueError("engine.upstream must be set when engine.backend is 'upstream'")
+        return self
+
+
+class ContextConfig(Section):
+    """Context management at the Proxy (serve/context.py; docs/serving.md "Long sessions"): a request whose
+    conversation outgrows the model's context is fitted before skills and memory are injected, on main and
+    side turns: the oldest tool results are shortened, then the oldest turns dropped; the system prompt,
+    the tools and the latest input are kept. A request whose latest message alone does not fit is a 400.
+    """
+
+    # trim: as above. summarize: as trim, and the dropped turns are summarised by `summarizer` (an
+    # OpenAI-compatible LLM) into the system prompt; without one it is refused here (never made up).
+    # off: the request goes to the engine as sent (vLLM refuses what does not fit).
+    policy: Literal["trim", "summarize", "off"] = "trim"
+    # The context to fit into. None: `model.max_model_len` with the vLLM engine; with an upstream engine
+    # the limit is unknown, so context management is off until this is set.
+    context_tokens: int | None = Field(default=None, ge=64)
+    # Room kept for the reply: the client's output-token limit, at most this (the engine grants what the
+    # prompt leaves, serve/budget.py).
+    reply_reserve_tokens: int = Field(default=256, ge=1)
+    # Kept for the skills and memory injected into main turns after fitting (they never take more than
+    # the context leaves after the prompt and the reply's room).
+    injection_reserve_tokens: int = Field(default=512, ge=0)
+    summarizer: LLMEndpoint | None = None
+    summary_max_tokens: int = Field(default=256, ge=16)  # the summary's length, kept free for it too
+
+    @model_validator(mode="after")
+    def _summarizer(self) -> ContextConfig:
+        if self.policy == "summarize" and self.summarizer is None:
+            raise ValueError("proxy.context.policy 'summarize' needs proxy.context.summarizer (an "
+                             "OpenAI-compatible endpoint: base_url, model, api_key_env); clawray does not "
+                             "make summaries up. Use policy 'trim' to drop old turns instead.")
         return self
 
 
@@ -143,6 +179,7 @@ class ProxyConfig(Section):
     # Where Serve runs its HTTP ingress: on every node with a replica (a load balancer in front), or only
     # on the head (one address; also what several Ray nodes on one machine need: one port per host).
     ingress: Literal["every_node", "head_only"] = "every_node"
+    context: ContextConfig = Field(default_factory=ContextConfig)  # long sessions: fitted, not refused
 
 
 class SkillsConfig(Section):

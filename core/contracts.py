@@ -85,6 +85,10 @@ class Turn(Record):
     # None: unknown, upstream mode).
     max_tokens_requested: int | None = None
     max_tokens_granted: int | None = None
+    # What context management did to fit the conversation (serve/context.py: policy, limit, tokens before
+    # and after, tool results shortened, messages dropped); None: it was sent as is. `messages` and
+    # `prompt_ids` are what the engine saw after it.
+    context: dict[str, Any] | None = None
     skills: list[str] = Field(default_factory=list)  # names of injected skills
     memories: list[str] = Field(default_factory=list)  # ids of injected memory units (memory/)
     memory_scope: Literal["user", "workspace", "session", "off"] = "user"  # X-Memory-Scope: widest scope

@@ -7,7 +7,8 @@ engine's context is 2,048), and vLLM refuses a limit above the context length ou
 grants `min(limit, context - rendered prompt)` (its `get_max_tokens`), the prompt as rendered, with the
 skills and memory the Proxy injected. The turn records both numbers: `max_tokens_requested` (the client's
 ask, read by the Proxy) and `max_tokens_granted` (the `max_tokens` of the sampling parameters the engine
-ran, serve/capture.py).
+ran, serve/capture.py). `engine.max_output_tokens` (default none) also caps every request's output,
+asked or not (`cap_output_request`): an operator's bound on the time and memory one reply may take.
 
 A prompt that leaves no room at all is a 400 naming the numbers: vLLM's own message when the prompt is
 longer than the context, `context_full_message` when it takes the context exactly (vLLM would report
@@ -47,6 +48,23 @@ def clamp_output_request(body: dict[str, Any], fields: tuple[str, ...], context_
         value = _limit(body.get(name))
         if value is not None and value > context_len:
             body[name] = context_len
+
+
+def cap_output_request(body: dict[str, Any], fields: tuple[str, ...], cap: int) -> None:
+    """`engine.max_output_tokens`: every limit in `fields` above `cap` lowered to it, and a request that
+    names none (the engine would grant all the context leaves) given `cap` in the API's first field, in
+    place. A limit within the cap, and a non-integer (vLLM's validation refuses it), are left as sent."""
+    named = False
+    for name in fields:
+        value = _limit(body.get(name))
+        if value is not None:
+            named = True
+            if value > cap:
+                body[name] = cap
+        elif body.get(name) is not None:
+            named = True
+    if not named:
+        body[fields[0]] = cap
 
 
 def context_full_message(context_len: int) -> str:

@@ -45,7 +45,7 @@ class ColocatedEngine(Proxy.func_or_class):
     async def __init__(self, backend: str, engine_args: tuple, proxy: dict, skills: dict, storage_root: str,
                        sink_actors: list[str] | None = None, memory: dict | None = None,
                        state: dict | None = None, blob_root: str | None = None,
-                       namespace: str = names.DEFAULT_NAMESPACE):
+                       namespace: str = names.DEFAULT_NAMESPACE, context: dict | None = None):
         if backend == "upstream":
             from serve.upstream import UpstreamEngineImpl
 
@@ -58,7 +58,7 @@ class ColocatedEngine(Proxy.func_or_class):
         if hasattr(self.policy, "start"):
             await self.policy.start()
         await super().__init__(LocalHandle(self.policy), proxy, skills, storage_root, sink_actors, memory, state,
-                               blob_root, namespace)
+                               blob_root, namespace, context)
 
     # ---- the engine's handle methods, for callers that find `PolicyEngine` by name ----------------------
     # All of them, so this deployment is a drop-in `PolicyEngine`: the trainer's publish finds it by name,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,16 @@ def add_to_system(body: dict[str, Any], block: str, anthropic: bool) -> None:
         body["messages"] = [first, *msgs[1:]]
     else:
         body["messages"] = [{"role": "system", "content": block}, *msgs]
+
+
+def fit_skills(skills: list, fits: Callable[[str], bool], render: Callable[[list], str]) -> list:
+    """The skills (best first) whose rendered block `fits`: one that does not fit is skipped, and smaller
+    ones after it may still go, so injection never pushes a request over the model's context."""
+    chosen: list = []
+    for s in skills:
+        if fits(render([*chosen, s])):
+            chosen.append(s)
+    return chosen
 
 
 class SkillInjector:
@@ -111,8 +122,10 @@ class SkillInjector:
                     log.info("skill library readable again (version %d)", self.reader.version)
                 self._failing = False
 
-    async def inject(self, body: dict[str, Any], anthropic: bool) -> tuple[list[str], int]:
-        """Inject into `body` in place; returns (injected skill names, skill generation)."""
+    async def inject(self, body: dict[str, Any], anthropic: bool,
+                     fits: Callable[[str], bool] | None = None) -> tuple[list[str], int]:
+        """Inject into `body` in place; returns (injected skill names, skill generation). `fits`: whether a
+        skills block still fits the context (serve/context_manager.py `skill_fits`); None: no limit."""
         from evolve.retrieval import render_skills_block
 
         query = last_user_text(body.get("messages") or [])
@@ -120,6 +133,8 @@ class SkillInjector:
             skills, generation = await asyncio.to_thread(self._retrieve, query)
         else:
             skills, generation = self._retrieve(query)
+        if skills and fits is not None:
+            skills = fit_skills(skills, fits, render_skills_block)
         if skills:
             add_to_system(body, render_skills_block(skills), anthropic)
         return [s.name for s in skills], generation

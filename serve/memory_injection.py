@@ -99,19 +99,21 @@ class MemoryInjector:
         return len(system_text(body, anthropic))
 
     async def inject(self, body: dict[str, Any], anthropic: bool, tenant: str, session_id: str, cap: str,
-                     mark: int) -> tuple[list[str], int]:
-        """Inject into `body` in place; returns (injected unit ids, tokens of the memory block).
+                     mark: int, room: int | None = None) -> tuple[list[str], int]:
+        """Inject into `body` in place; returns (injected unit ids, tokens of the memory block). `room`: the
+        tokens skills and memory may take together, as context management counted them before the skills
+        went in (serve/context_manager.py `injection_room`); None: only this injector's own estimate.
 
         Memory is context, not a dependency: a store that cannot be read serves the request without it.
         """
         try:
-            return await self._inject(body, anthropic, tenant, session_id, cap, mark)
+            return await self._inject(body, anthropic, tenant, session_id, cap, mark, room)
         except (sqlite3.Error, DatabaseError, OSError) as e:
             log.warning("memory retrieval failed (%s: %s); serving without memory", type(e).__name__, e)
             return [], 0
 
     async def _inject(self, body: dict[str, Any], anthropic: bool, tenant: str, session_id: str, cap: str,
-                      mark: int) -> tuple[list[str], int]:
+                      mark: int, shared_room: int | None = None) -> tuple[list[str], int]:
         user, workspace = split_tenant(tenant)
         if user == DEFAULT_USER and not self.cfg.include_default_user:
             return [], 0
@@ -125,6 +127,8 @@ class MemoryInjector:
             skill_tokens = self.counter.count(system_text(body, anthropic)[mark:])
             room = (self.max_model_len - prompt_tokens(body, anthropic, self.counter)
                     - reply_tokens(body, self.cfg.reply_reserve_tokens))
+            if shared_room is not None:
+                room = min(room, shared_room - skill_tokens - MESSAGE_OVERHEAD_TOKENS)
             budget = memory_budget(self.cfg.context_token_budget, skill_tokens, room)
             chosen, tokens = fit([u for u, _ in result.hits], budget, self.counter)
             if chosen:

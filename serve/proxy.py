@@ -35,6 +35,7 @@ from memory.units import split_tenant
 from serve.activity import ActivityReporter
 from serve.apis import CHAT, MESSAGES, RESPONSES, Api
 from serve.budget import OUTPUT_FIELDS, requested_output_tokens
+from serve.context_manager import ContextManager
 from serve.history import read_history
 from serve.http import (
     anthropic_error,
@@ -72,9 +73,12 @@ UNAVAILABLE = (RayActorError, BackPressureError, RayServeException)
 class ProxyImpl:
     def __init__(self, engine: Any, proxy: dict, skills: dict, storage_root: str,
                  sink_actors: list[str] | None = None, memory: dict | None = None, state: dict | None = None,
-                 blob_root: str | None = None, namespace: str = names.DEFAULT_NAMESPACE):
+                 blob_root: str | None = None, namespace: str = names.DEFAULT_NAMESPACE,
+                 context: dict | None = None):
         self.engine = engine
         self.cfg = ProxyConfig.model_validate(proxy)
+        # Long sessions (serve/context_manager.py); `context`: cluster/serve_app.py `context_args`.
+        self.context = ContextManager.from_args(self.cfg.context, context)  # None: the limit is unknown
         layout = StorageLayout(Path(storage_root)).ensure()
         self.store = SessionStore(layout.sessions / DB_FILE, state, storage_root=layout.root)
         self.recorder = GroupCommit(self.store)
@@ -131,15 +135,24 @@ class ProxyImpl:
         view = api.view(body)  # what identity and injection read: the body, or Responses' chat view
         meta = extract_meta(body, {k.lower(): v for k, v in request.headers.items()},
                             client_fingerprint(request), view.get("messages"))
+        main = meta.turn_type.value == "main"
+        room = None  # tokens skills and memory may take (None: the context length is unknown)
+        if self.context is not None:  # a conversation longer than the context is fitted, before injection
+            fitted = await self.context.fit(body, api.name, main)
+            if fitted is not None:
+                view = api.view(body)
+                meta = dataclasses.replace(meta, context=fitted)
+            room = self.context.injection_room(body, api.name)
         skills, generation = [], 0
-        if meta.turn_type.value == "main":
+        if main:
             self.activity.note()
             mark = self.memory.mark(view, api.anthropic) if self.memory is not None else 0
             if self.injector is not None:
-                skills, generation = await self.injector.inject(view, api.anthropic)
+                fits = self.context.skill_fits(room) if room is not None else None
+                skills, generation = await self.injector.inject(view, api.anthropic, fits)
             if self.memory is not None:  # after skills: memory gets the budget they left
                 ids, _ = await self.memory.inject(view, api.anthropic, meta.tenant, meta.session_id,
-                                                  meta.memory_scope, mark)
+                                                  meta.memory_scope, mark, room)
                 meta = dataclasses.replace(meta, memories=tuple(ids))
             api.apply_view(body, view)
         # The client's output-token limit, as asked: the engine clamps it to what fits (serve/budget.py).

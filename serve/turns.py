@@ -48,6 +48,7 @@ class TurnMeta:
     memory_scope: str = "user"  # X-Memory-Scope: the widest memory scope read and written (memory/units.py)
     memories: tuple[str, ...] = ()  # ids of the memory units injected (set by the Proxy after retrieval)
     max_tokens_requested: int | None = None  # the client's output-token limit (serve/budget.py)
+    context: dict[str, Any] | None = None  # what context management did (serve/context.py); None: nothing
 
 
 def _truthy(v: Any) -> bool:
@@ -153,6 +154,7 @@ def turns_from_reply(
                 sampling=cap.sampling,
                 max_tokens_requested=meta.max_tokens_requested,
                 max_tokens_granted=cap.max_tokens,
+                context=meta.context,
                 group_id=group,
                 group_size=len(cap.choices),
                 last_in_session=meta.session_done,

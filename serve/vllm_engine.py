@@ -20,7 +20,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from core.config import EngineConfig, ModelConfig
-from serve.budget import OUTPUT_FIELDS, clamp_output_request, context_full_message
+from serve.budget import OUTPUT_FIELDS, cap_output_request, clamp_output_request, context_full_message
 from serve.capture import Capture, TappedEngineClient
 from serve.protocol import EngineRequestError, Reply
 
@@ -96,6 +96,8 @@ class VLLMServing:
         vLLM would refuse it; lowered, vLLM grants what the rendered prompt leaves (serve/budget.py)."""
         if self.engine_cfg.clamp_max_tokens:
             clamp_output_request(body, OUTPUT_FIELDS[api], self.model_cfg.max_model_len)
+        if self.engine_cfg.max_output_tokens is not None:
+            cap_output_request(body, OUTPUT_FIELDS[api], self.engine_cfg.max_output_tokens)
         return body
 
     def _chat_request(self, body: dict[str, Any]):

@@ -79,7 +79,7 @@ def test_every_serve_replica_is_handed_the_configured_namespace(colocate):
 
     cfg = config_from_dict({"ray": {"namespace": TEST_NS}, "proxy": {"colocate": colocate}})
     app = build_colocated(cfg, ["PRM-0"]) if colocate else build_proxy(cfg, None, ["PRM-0"])
-    assert app._bound_deployment.init_args[-1] == TEST_NS
+    assert app._bound_deployment.init_args[-2] == TEST_NS  # then the context args (serve_app.context_args)
 
 
 def test_ensure_actors_creates_every_actor_in_the_configured_namespace(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from core.config import EngineConfig, ModelConfig
-from serve.budget import OUTPUT_FIELDS, clamp_output_request, context_full_message, requested_output_tokens
+from serve.budget import OUTPUT_FIELDS, cap_output_request, clamp_output_request, context_full_message, requested_output_tokens
 from serve.injection import add_to_system
 from serve.responses import (
     ResponsesStreamToolCalls,
@@ -52,6 +52,22 @@ def test_the_engine_clamps_before_vllm_sees_the_request_unless_configured_off():
     assert on._fit({"max_output_tokens": 9000}, "responses") == {"max_output_tokens": 2048}
     off = VLLMServing("m", ModelConfig(max_model_len=2048), EngineConfig(clamp_max_tokens=False))
     assert off._fit({"max_tokens": 32000}, "messages") == {"max_tokens": 32000}
+
+
+def test_the_operators_output_cap_lowers_larger_limits_and_bounds_requests_that_name_none():
+    body = {"max_tokens": 32000, "max_completion_tokens": 50}
+    cap_output_request(body, OUTPUT_FIELDS["chat"], 64)
+    assert body == {"max_tokens": 64, "max_completion_tokens": 50}
+    body = {}  # vLLM would grant everything the context leaves: the cap goes in the API's first field
+    cap_output_request(body, OUTPUT_FIELDS["chat"], 64)
+    assert body == {"max_completion_tokens": 64}
+    body = {"max_output_tokens": "many"}  # no integer: left for vLLM's validation to refuse
+    cap_output_request(body, OUTPUT_FIELDS["responses"], 64)
+    assert body == {"max_output_tokens": "many"}
+    capped = VLLMServing("m", ModelConfig(max_model_len=2048), EngineConfig(max_output_tokens=64))
+    assert capped._fit({"max_tokens": 32000}, "messages") == {"max_tokens": 64}
+    assert capped._fit({}, "responses") == {"max_output_tokens": 64}
+    assert capped._fit({"max_tokens": 8}, "chat") == {"max_tokens": 8}
 
 
 class _Refused(ValueError):
