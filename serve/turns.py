@@ -75,15 +75,48 @@ def _text(content: Any) -> str:
     return ""
 
 
-def derive_session_id(tenant: str, client_key: str, messages: list[dict[str, Any]]) -> str:
-    """A stable id for clients that send none: same client + same conversation start -> same session.
+# Session ids agents send of their own accord, without clawray's X-Session-Id (seen in live runs,
+# tests/integration/test_agents_live.py): a header (Claude Code's; Codex's `session-id`, older Codex
+# `session_id`), or Claude Code's body `metadata.user_id` (JSON text).
+AGENT_SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "session_id")
 
-    Two different clients (key or address) or two conversations with different openings never merge.
+
+def agent_session_id(headers: dict[str, str], body: dict[str, Any]) -> str | None:
+    """The conversation id the agent itself sent (module notes), or None."""
+    for name in AGENT_SESSION_HEADERS:
+        if headers.get(name):
+            return headers[name]
+    meta = body.get("metadata")
+    user = meta.get("user_id") if isinstance(meta, dict) else None
+    if isinstance(user, str) and user.startswith("{"):
+        try:
+            sid = json.loads(user).get("session_id")
+        except (ValueError, AttributeError):
+            return None
+        return sid if isinstance(sid, str) and sid else None
+    return None
+
+
+def derive_session_id(tenant: str, client_key: str, messages: list[dict[str, Any]],
+                      agent_session: str | None = None) -> str:
+    """A stable id for clients that send none: the agent's own conversation id when it sends one, else
+    the same client + the same conversation start (its leading system prompt and first user message) ->
+    the same session. Two different clients (key or address) or two conversations never merge.
+
+    Only the leading system prompt counts: agents also put system messages of their own later in the
+    conversation (Claude Code: its environment, after the user's message), which change between requests.
     """
-    system = next((_text(m.get("content")) for m in messages if m.get("role") == "system"), "")
-    first_user = next((_text(m.get("content")) for m in messages if m.get("role") == "user"), "")
-    h = hashlib.sha256(json.dumps([tenant, client_key, system, first_user]).encode()).hexdigest()
-    return f"derived-{h[:32]}"
+    if agent_session is not None:
+        key: list[Any] = [tenant, client_key, "agent-session", agent_session]
+    else:
+        lead = []
+        for m in messages:
+            if m.get("role") not in ("system", "developer"):
+                break
+            lead.append(_text(m.get("content")))
+        first_user = next((_text(m.get("content")) for m in messages if m.get("role") == "user"), "")
+        key = [tenant, client_key, "\n".join(lead), first_user]
+    return f"derived-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]}"
 
 
 def extract_meta(body: dict[str, Any], headers: dict[str, str], client_key: str,
@@ -113,7 +146,7 @@ def extract_meta(body: dict[str, Any], headers: dict[str, str], client_key: str,
     if messages is None:
         messages = body.get("messages") or []
     return TurnMeta(
-        session_id=session or derive_session_id(tenant, client_key, messages),
+        session_id=session or derive_session_id(tenant, client_key, messages, agent_session_id(headers, body)),
         turn_type=TurnType(turn_type),
         session_done=_truthy(vals["session_done"]) if vals["session_done"] is not None else False,
         tenant=tenant,

@@ -1,3 +1,4 @@
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -210,3 +211,37 @@ async def test_an_idle_flush_is_not_a_session_end_for_evolution(tmp_path, state_
     assert loop.pending() == {"quiet": 1}  # kept: the conversation may resume
     report = await loop.observe(ended, Sample.from_turn(ended, reward=-1.0, trainable=True))
     assert report is not None and report.trigger == "session_end"
+
+
+# Claude Code 2.1's requests, as a live run recorded them (tests/integration/test_agents_live.py): the
+# conversation, then a system message of its own after it whose text changes from request to request.
+def _claude_code(reminder: str, sid: str = "5e9f0864-c9a6-4fb3-b9ee-90e593c422d6") -> tuple[dict, dict]:
+    body = {"system": [{"type": "text", "text": "You are a Claude agent."}],
+            "metadata": {"user_id": json.dumps({"device_id": "d", "account_uuid": "", "session_id": sid})},
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Reply with the word ok."}]},
+                         {"role": "system", "content": [{"type": "text", "text": f"# Environment {reminder}"}]}]}
+    return body, {"x-claude-code-session-id": sid, "user-agent": "claude-cli/2.1.332"}
+
+
+def test_a_system_message_after_the_conversation_starts_does_not_split_its_derived_session():
+    first = [{"role": "user", "content": "plan"}, {"role": "system", "content": "now 10:00"}]
+    later = [{"role": "user", "content": "plan"}, {"role": "assistant", "content": "ok"},
+             {"role": "system", "content": "now 10:05"}, {"role": "user", "content": "more"}]
+    assert derive_session_id("t", "c", first) == derive_session_id("t", "c", later)
+    leading = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "plan"}]
+    assert derive_session_id("t", "c", leading) != derive_session_id("t", "c", first)  # the leading prompt counts
+
+
+def test_an_agents_own_session_id_keeps_its_requests_in_one_session_and_never_merges_clients():
+    a1, h1 = _claude_code("one")
+    a2, h2 = _claude_code("two, longer")
+    s1 = extract_meta(a1, h1, "client-a").session_id
+    assert s1 == extract_meta(a2, h2, "client-a").session_id and s1.startswith("derived-")
+    other, ho = _claude_code("one", sid="0b5e8a0e-0000-4000-8000-000000000000")
+    assert extract_meta(other, ho, "client-a").session_id != s1  # another Claude Code session
+    b, hb = _claude_code("one")
+    assert extract_meta(b, hb, "client-b").session_id != s1  # another client with the same id: never merged
+    c, hc = _claude_code("one")
+    assert extract_meta(c, {**hc, "x-session-id": "mine"}, "client-a").session_id == "mine"  # clawray's wins
+    d, _ = _claude_code("one")  # the id in the body's metadata alone (no header) serves as well
+    assert extract_meta(d, {}, "client-a").session_id == s1
