@@ -42,14 +42,19 @@ if [ "$npm_missing" = 1 ]; then
   npm install "${NPM_FLAGS[@]}" "$DEST/npm" "${NPM_SPECS[@]}"
 fi
 
-# PyPI agents: one venv each, with the extra pins of pypi_pins (copaw 1.0.2 breaks with mcp 2).
+# PyPI agents: one venv each, with the extra pins of pypi_pins (copaw 1.0.2 breaks with mcp 2, and its
+# agentscope streams nothing with openai 3: it reads `"data" in delta.audio`, a field openai 3 sets to None).
+# Reinstalled when the agent's version or its pins change (the venv's .clawray-spec records them).
 while read -r name ver; do
   venv=$DEST/venvs/$name
   read -r -a extra < <(pin pypi_pins | awk -v n="$name" '$1 == n { $1 = ""; print }')
-  if ! "$UV" pip show --python "$venv/bin/python" "$name" 2>/dev/null | grep -qx "Version: $ver"; then
+  spec="$name==$ver ${extra[*]}"
+  if [ "$(cat "$venv/.clawray-spec" 2>/dev/null)" != "$spec" ] || \
+     ! "$UV" pip show --python "$venv/bin/python" "$name" 2>/dev/null | grep -qx "Version: $ver"; then
     # uv, not pip: pip's resolver took ~15 minutes over CoPaw's ~480 dependencies on 2 cores, uv ~20 s.
     "$UV" venv -q --allow-existing -p "$PY" "$venv"
     "$UV" pip install -q --python "$venv/bin/python" "$name==$ver" "${extra[@]}"
+    echo "$spec" >"$venv/.clawray-spec"
   fi
 done < <(pin pypi)
 

@@ -4,7 +4,10 @@ A byte-level BPE tokenizer (vocab 4096) is trained on the Python standard librar
 sorted, so the result is deterministic for a given Python), wrapped as a `PreTrainedTokenizerFast` with a
 ChatML template that renders system/user/assistant (incl. `tool_calls`) and tool messages in the Hermes
 format (`<tool_call>{json}</tool_call>`), which vLLM's `hermes` tool parser reads back. The model is a
-~1M-parameter Qwen2 with seeded random weights.
+~1M-parameter Qwen2 with seeded random weights and POSITIONS positions: enough for a real agent's prompt
+(Claude Code's alone is ~20k tokens). Qwen2 encodes positions with RoPE, so the number is config only: the
+weights do not depend on it. The embedded default serves 2,048 of them (configs/local.yaml); agents run
+with up to `CLAWRAY__MODEL__MAX_MODEL_LEN=65536` (Hermes refuses a window below 64K; docs/agents.md).
 
 Usage: python scripts/make_tiny_model.py [--out .cache/tiny-chat] [--force]
 """
@@ -23,6 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / ".cache" / "tiny-chat"
 SEED = 1234
 VOCAB = 4096
+POSITIONS = 65536  # the longest context the model may be served with (model.max_model_len)
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Added (non-special) tokens: kept when decoding so the tool parser sees them.
 ADDED = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<tools>", "</tools>"]
@@ -113,7 +117,7 @@ def build_tokenizer(out: Path):
     )
     fast.add_tokens(ADDED)
     fast.chat_template = CHAT_TEMPLATE
-    fast.model_max_length = 4096
+    fast.model_max_length = POSITIONS
     fast.save_pretrained(out)
     return fast
 
@@ -130,7 +134,7 @@ def build_model(out: Path, tokenizer) -> None:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=4096,
+        max_position_embeddings=POSITIONS,
         tie_word_embeddings=True,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),

@@ -176,11 +176,13 @@ def openai_client(serve_app):
 
 
 # The demo test runs first: it starts a cluster of its own (a subprocess), best before the suite's exists;
-# so does the autoscaling test (a local multi-node cluster with its own vLLM engine).
+# so do the live agent tests (a clawray with a 32k context) and the autoscaling test (a local multi-node
+# cluster with its own vLLM engine).
 # Modules that run their own `Replay` actor (the production name, in namespace `clawray`) must run
 # before the session's whole-system fixture creates the system's `Replay`, and they free the name after.
 # The learning test runs right after: it measures the policy on an empty skill library.
-RUN_FIRST = ("tests/integration/test_demo.py", "tests/integration/test_cluster_autoscaling.py",
+RUN_FIRST = ("tests/integration/test_demo.py", "tests/integration/test_agents_live.py",
+             "tests/integration/test_cluster_autoscaling.py",
              "tests/integration/test_train_job.py",
              "tests/integration/test_invariant_support_query_overlap.py", "tests/integration/test_blobs_s3.py",
              "tests/integration/test_train_learning.py")

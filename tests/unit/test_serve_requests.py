@@ -9,7 +9,13 @@ import json
 import pytest
 
 from core.config import EngineConfig, ModelConfig
-from serve.budget import OUTPUT_FIELDS, cap_output_request, clamp_output_request, context_full_message, requested_output_tokens
+from serve.budget import (
+    OUTPUT_FIELDS,
+    cap_output_request,
+    clamp_output_request,
+    context_full_message,
+    requested_output_tokens,
+)
 from serve.injection import add_to_system
 from serve.responses import (
     ResponsesStreamToolCalls,
