@@ -4,6 +4,7 @@ local blob folder. Interleavings are driven by hooks and barriers, never sleeps.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import uuid
@@ -309,12 +310,19 @@ def test_a_proxy_replica_on_another_host_injects_the_library_from_the_bucket(blo
     mirror.publish()
     injector = SkillInjector.build(CFG, tmp_path / "proxy-host" / "skills", blob_root)
     body = {"messages": [{"role": "user", "content": "please git commit my change"}]}
-    import asyncio
 
     names, generation = asyncio.run(injector.inject(body, anthropic=False))
     assert (names, generation) == (["git-commit"], 1)
     assert "imperative commit messages" in body["messages"][0]["content"]
     assert not (tmp_path / "proxy-host" / "skills").exists() or not any((tmp_path / "proxy-host" / "skills").iterdir())
+
+
+async def _until_generation(injector, generation: int) -> None:
+    """Until the injector's follower has taken `generation` (it polls every refresh_s): bounded, not timed."""
+    for _ in range(400):
+        if injector.search.generation == generation:
+            return
+        await asyncio.sleep(0.05)
 
 
 def test_the_proxy_takes_its_skills_from_the_bucket_not_from_this_hosts_evolver_folder(blob_root: str,
@@ -335,7 +343,6 @@ def test_the_proxy_takes_its_skills_from_the_bucket_not_from_this_hosts_evolver_
         proxy.store.close()
 
 async def test_a_running_replica_follows_new_snapshots_without_a_restart(blob_root: str, tmp_path: Path):
-    import asyncio
 
     from serve.injection import SkillInjector
 
@@ -347,10 +354,7 @@ async def test_a_running_replica_follows_new_snapshots_without_a_restart(blob_ro
     assert await injector.inject(dict(body), anthropic=False) == ([], 0)
     bank.add(sk("deploy-service"))
     await asyncio.to_thread(mirror.publish)
-    for _ in range(400):  # the follower's next tick (every refresh_s); bounded, not timed
-        if injector.search.generation == 1:
-            break
-        await asyncio.sleep(0.05)
+    await _until_generation(injector, 1)
     assert await injector.inject(dict(body), anthropic=False) == (["deploy-service"], 1)
     follower.cancel()
 
@@ -409,7 +413,6 @@ async def test_a_replica_starts_while_the_bucket_is_unreachable_and_takes_the_li
     """A Proxy replica whose first look at the bucket fails (the bucket briefly unreachable, credentials
     still propagating) starts and serves, without skills, instead of failing its start; its follower
     takes the library as soon as the bucket answers."""
-    import asyncio
 
     from core.blobs import BlobStore
     from serve.injection import SkillInjector
@@ -431,9 +434,6 @@ async def test_a_replica_starts_while_the_bucket_is_unreachable_and_takes_the_li
     assert await injector.inject(dict(body), anthropic=False) == ([], 0)
     follower = injector.start()
     down["now"] = False
-    for _ in range(400):  # the follower's next tick (every refresh_s); bounded, not timed
-        if injector.search.generation == 1:
-            break
-        await asyncio.sleep(0.05)
+    await _until_generation(injector, 1)
     assert await injector.inject(dict(body), anthropic=False) == (["deploy-service"], 1)
     follower.cancel()
