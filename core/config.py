@@ -147,6 +147,9 @@ class ContextConfig(Section):
     injection_reserve_tokens: int = Field(default=512, ge=0)
     summarizer: LLMEndpoint | None = None
     summary_max_tokens: int = Field(default=256, ge=16)  # the summary's length, kept free for it too
+    # The most of the dropped conversation sent to the summariser (its newest part), in tokens as the served
+    # model counts them: keep it, with the summary, within the summariser's own context.
+    summary_input_tokens: int = Field(default=12_000, ge=64)
 
     @model_validator(mode="after")
     def _summarizer(self) -> ContextConfig:

@@ -35,7 +35,7 @@ SUMMARY_HEADER = "## Earlier in this conversation (summarised by clawray; the me
 SUMMARY_PROMPT = ("Summarise the conversation excerpt below for the assistant that continues it: the user's "
                   "goals and constraints, decisions made, tool results that still matter (names, paths, "
                   "numbers), and what is left to do. Be brief and factual; write no preamble.")
-MAX_TRANSCRIPT_CHARS = 48_000  # sent to the summariser at most (the newest part of what was dropped)
+MAX_TRANSCRIPT_CHARS = 48_000  # cut before counting; then `summary_input_tokens` (the newest part is kept)
 
 
 class ContextManager:
@@ -108,6 +108,8 @@ class ContextManager:
         from core.llm import LLMError
 
         transcript = "\n\n".join(f"{_role(m)}: {plain_text(m)}" for m in dropped)[-MAX_TRANSCRIPT_CHARS:]
+        while len(transcript) > 64 and self.counter.count(transcript) > self.cfg.summary_input_tokens:
+            transcript = transcript[len(transcript) // 10:]  # the newest part: within the summariser's context
         try:
             (text,) = await self.summarizer.chat(
                 [{"role": "system", "content": SUMMARY_PROMPT}, {"role": "user", "content": transcript}],

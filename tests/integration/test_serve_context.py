@@ -110,3 +110,31 @@ def test_a_latest_message_longer_than_the_context_is_a_clear_400(openai_client, 
     with pytest.raises(anthropic.BadRequestError) as e:
         claude.messages.create(model="clawray-policy", max_tokens=8, messages=[{"role": "user", "content": huge}])
     assert f"maximum context length is {context_len} tokens" in str(e.value)
+
+
+def test_summarize_asks_a_real_openai_compatible_model_and_the_fitted_request_still_fits(serve_app, model):
+    """The `summarize` policy against the nearest real thing to a hosted LLM: this system's own
+    OpenAI-compatible endpoint (vLLM on CPU) as the summariser, through core/llm.py."""
+    import asyncio
+
+    from core.config import ContextConfig
+    from serve.context_manager import SUMMARY_HEADER, SUMMARY_PROMPT, ContextManager
+
+    context_len, _, _ = model
+    # The summariser is a 2,048-token model too: the transcript it is sent is kept within that.
+    cfg = ContextConfig(policy="summarize", summary_max_tokens=32, summary_input_tokens=1024,
+                        summarizer={"base_url": serve_app["base_url"] + "/v1", "model": "clawray-base"})
+    manager = ContextManager.from_args(cfg, {"context_len": context_len,
+                                             "tokenizer_path": serve_app["config"].model_path()})
+    body = {"messages": agent_messages(), "tools": TOOLS, "max_tokens": 8}
+    record = asyncio.run(manager.fit(body, "chat", main=True))
+    assert record["dropped_messages"] > 0 and "summarized" in record, record
+    asked = [t for t in session_turns(serve_app["config"].storage_path())
+             if any(SUMMARY_PROMPT in str(m.get("content")) for m in t.messages)]
+    assert asked and "line 39 of module" in json.dumps(asked[-1].messages)  # it read what was dropped
+    assert len(asked[-1].prompt_ids) < context_len  # and was sent what fits the summariser's context
+    # Whatever it answered (the random tiny model's greedy summary is whitespace, which is no summary and
+    # leaves the request trimmed), the system prompt stays first and the fitted request fits.
+    system = body["messages"][0]["content"]
+    assert system.startswith("You are a coding agent.") and (SUMMARY_HEADER in system) is record["summarized"]
+    assert manager.prompt_tokens(body, "chat") + manager.reply_room(body, "chat") <= context_len

@@ -177,6 +177,17 @@ def test_summarize_puts_a_summary_of_the_dropped_turns_in_the_system_prompt(fail
     assert manager.prompt_tokens(body, "chat") <= CONTEXT - 256 - 512
 
 
+def test_the_summariser_is_sent_only_the_newest_part_of_what_was_dropped_within_its_input_limit():
+    cfg = ContextConfig(policy="summarize", summarizer={"base_url": "http://x/v1", "model": "s"},
+                        summary_input_tokens=200)
+    manager = ContextManager(cfg, CONTEXT, COUNT, Summariser(False))
+    body = long_chat(30)
+    record = asyncio.run(manager.fit(body, "chat", main=True))
+    sent = manager.summarizer.calls[0][1]["content"]
+    assert record["summarized"] and 0 < COUNT.count(sent) <= 200
+    assert "of the file" in sent and "line 0 of the file" not in sent  # the newest dropped, not the oldest
+
+
 def test_summarize_without_a_summariser_is_a_config_error_and_context_follows_the_engine():
     with pytest.raises(ValidationError, match="summarizer"):
         ContextConfig(policy="summarize")
