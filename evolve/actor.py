@@ -172,6 +172,10 @@ class Evolver:
                 "skills_version": self._mirror.version if self._mirror is not None else None,
                 "publish_errors": self._publish_errors}
 
+    def pending(self) -> dict[str, int]:
+        """Buffered failed turns per session (what `evolve_now(session_id)` would evolve from)."""
+        return self._loop.pending()
+
     def generation(self) -> int:
         return self._bank.generation
 

@@ -127,9 +127,10 @@ def run(tmp: Path) -> dict:
         _wait(lambda: sum(ray.get(actors["Replay"].stats.remote())["by_state"].values()) >= 6, 180, "6 samples")
         load.stop()
         result["samples_before_evolution"] = sum(ray.get(actors["Replay"].stats.remote())["by_state"].values())
-        pending0 = ray.get(actors["Evolver"].stats.remote())["pending_failures"]
         sid = failed_session_with_feedback(base)
-        _wait(lambda: ray.get(actors["Evolver"].stats.remote())["pending_failures"] >= pending0 + 2, 120,
+        # That session's own turns: the load's last turns, scored after it stopped, arrive meanwhile too (a
+        # wait on the total count was satisfied by them, and evolve_now found nothing of this session).
+        _wait(lambda: ray.get(actors["Evolver"].pending.remote()).get(sid, 0) >= 2, 120,
               "the failed session's two turns at the Evolver")
         report = ray.get(actors["Evolver"].evolve_now.remote(sid))
         result["evolved"] = report
