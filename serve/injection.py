@@ -29,7 +29,10 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return " ".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        # Read before the engine validates the request: a part whose text is not a string is no text here
+        # (the engine then refuses the request with a 400; a TypeError here was a 500, found by the fuzzer).
+        return " ".join(t for p in content if isinstance(p, dict) and p.get("type") == "text"
+                        and isinstance(t := p.get("text"), str))
     return ""
 
 

@@ -71,7 +71,7 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return "".join(t for p in content if isinstance(p, dict) and isinstance(t := p.get("text"), str))
     return ""
 
 

@@ -286,8 +286,9 @@ def test_a_non_default_namespace_holds_the_systems_actors(ray_local, tmp_path):
             assert other._actor_id != handle._actor_id
         # Killed and created anew by this process: the lookup gives the new one, never the dead handle.
         ray_local.kill(replay, no_restart=True)
-        with pytest.raises(RayActorError):
-            ray_local.get(replay.stats.remote(), timeout=60)
+        with pytest.raises(RayActorError):  # ray.kill is asynchronous: a call may land before the actor is gone
+            for _ in range(200):
+                ray_local.get(replay.stats.remote(), timeout=60)
         replay = get_or_create_replay(cfg.replay, layout, namespace=namespace)
         assert names.actor(names.REPLAY, TEST_NS)._actor_id == replay._actor_id
     finally:

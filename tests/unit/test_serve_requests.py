@@ -228,3 +228,18 @@ def test_the_in_band_stream_error_is_a_responses_error_event():
     assert kind == "event: error" and event.endswith("\n\n")
     assert json.loads(data[len("data: "):]) == {"type": "error", "code": "server_error", "param": None,
                                                 "message": "the engine became unavailable", "sequence_number": 0}
+
+
+def test_a_text_part_whose_text_is_not_a_string_is_no_text_for_injection_and_identity():
+    """Found by the fuzzer (schemathesis, a 500): an Anthropic `system` block with `"text": []` crashed the
+    Proxy's memory/skill reading before the engine's validation could answer 400."""
+    from serve.injection import last_user_text
+    from serve.memory_injection import system_text
+
+    body = {"system": [{"type": "text", "text": []}, {"type": "text", "text": "be brief"}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": None}, {"type": "text", "text": "hi"}]}]}
+    assert system_text(body, anthropic=True) == "be brief"
+    assert last_user_text(body["messages"]) == "hi"
+    from serve.turns import derive_session_id  # the session id a header-less client gets reads it too
+
+    assert derive_session_id("t", "c", body["messages"]).startswith("derived-")
