@@ -1,8 +1,14 @@
 """SkillBank: the skill library `S` on disk (one folder per skill) with a durable generation counter.
 
 Under `root`: `<name>/SKILL.md` (one skill), `.generation` (+1 per accepted batch that changed what
-readers see, and per removal), `history.jsonl` (one JSON line per change: action, name, generation,
-version, evolver, origin sessions) and `.lock` (flock target serialising writers across processes).
+readers see, per removal and per rollback), `history.jsonl` (one JSON line per change: ts, action, name,
+generation, version, evolver, origin sessions; content changes also keep the full SKILL.md written and
+its sha256, plus the caller's summary/evidence/validation/base_version) and `.lock` (flock target
+serialising writers across processes).
+
+A versioned store (evolve/versions.py): writes can be compare-and-swap (`expected_versions`: a skill
+changed meanwhile is reported as a conflict, never overwritten), every stored version can be read back
+(`versions`, `text_at`, `state_at`) and restored byte for byte (`rollback`, `rollback_library`).
 
 Writers take the lock, catch up with other writers, decide, write each SKILL.md atomically, append the
 history and only then write the generation, so a reader that sees a generation also sees its files.
@@ -19,7 +25,6 @@ import shutil
 import threading
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,41 +33,18 @@ import numpy as np
 from core.config import SkillsConfig
 from core.contracts import SKILL_NAME_RE, Skill
 from core.storage import atomic_write_text, rename_durably
-from evolve import store
+from evolve import store, versions
 from evolve.embedding import Embedder, EmbeddingCache, VectorSet
 from evolve.skill_md import SkillFormatError, content_key, parse_skill_md, render_skill_md
-from evolve.store import FileLock, GenerationFile, HistoryLog
+from evolve.store import BankError, BatchResult, FileLock, GenerationFile, HistoryLog, Rejection
+from evolve.versions import VersionedBank
 
 log = logging.getLogger(__name__)
 
 MAX_ORIGIN_SESSIONS = 50  # origin ids kept per skill (most recent); bounds file growth under merges
 
 
-class BankError(ValueError):
-    """A bank operation that cannot be done (unknown or invalid name); the message says why."""
-
-
-@dataclass(frozen=True)
-class Rejection:
-    name: str
-    reason: str
-
-
-@dataclass
-class BatchResult:
-    """Outcome of one `add_batch`. `generation` is the bank's generation after the batch."""
-
-    accepted: list[str]  # new skills and updates that changed content (these bumped the generation)
-    rejected: list[Rejection]
-    generation: int
-    merged: list[str] = field(default_factory=list)  # same content, metadata only (no bump)
-
-    @property
-    def changed(self) -> bool:
-        return bool(self.accepted)
-
-
-class SkillBank:
+class SkillBank(VersionedBank):
     """Folder-per-skill library under `root`. Thread-safe; safe across processes on one host."""
 
     def __init__(self, root: Path, cfg: SkillsConfig, embedder: Embedder | EmbeddingCache | None = None):
@@ -80,6 +62,7 @@ class SkillBank:
         self._keys: dict[str, str] = {}  # name -> content_key
         self._folders: dict[str, str] = {}  # casefolded folder name -> folder name (incl. malformed)
         self._problems: dict[str, str] = {}  # folder (or file) -> why it was skipped
+        self._heads: dict[str, int] = {}  # name -> highest version in the history (evolve/versions.py)
         self._gen = 0  # the highest generation seen: readers never report a lower one
         self._disk_gen = 0  # what the folder says now (lower than _gen after a wipe or replacement)
         self._gen_raw: str | None = None
@@ -140,6 +123,12 @@ class SkillBank:
         recs = self._history.read_all()
         return recs[-limit:] if limit else recs
 
+    def version_of(self, name: str) -> int:
+        """Skill `name`'s current version (= `get(name).metadata["version"]`), 0 when it does not exist:
+        the base for `expected_versions`. Monotonic per name (evolve/versions.py, "The version counter")."""
+        skill = self._skills.get(name)
+        return versions.as_int(skill.metadata.get("version")) if skill is not None else 0
+
     def reload(self, force: bool = False) -> bool:
         """Catch up with changes made by other processes; True when the library changed."""
         with self._lock:
@@ -160,31 +149,49 @@ class SkillBank:
 
     # ---------------------------------------------------------------- write side
     def add(self, skill: Skill, origin_sessions: Iterable[str] = (), evolver: str = "manual",
-            allow_updates: bool = False) -> BatchResult:
-        return self.add_batch([skill], origin_sessions, evolver, allow_updates)
+            allow_updates: bool = False, expected_version: int | None = None,
+            note: dict[str, Any] | None = None) -> BatchResult:
+        return self.add_batch([skill], origin_sessions, evolver, allow_updates,
+                              None if expected_version is None else {skill.name: expected_version},
+                              None if note is None else {skill.name: note})
 
     def add_batch(self, skills: Sequence[Skill], origin_sessions: Iterable[str] = (),
-                  evolver: str = "manual", allow_updates: bool = False) -> BatchResult:
+                  evolver: str = "manual", allow_updates: bool = False,
+                  expected_versions: dict[str, int] | None = None,
+                  notes: dict[str, dict[str, Any]] | None = None) -> BatchResult:
         """Add (or, with `allow_updates`, update) skills as one batch: +1 generation if any content changed.
 
         A skill whose name exists is refused unless `allow_updates`; then it replaces that skill (same
         content: a metadata-only merge that does not bump the generation). New skills are refused when a
         folder clashes by case, when the rendered SKILL.md exceeds `cfg.max_skill_bytes`, or (with an
         embedder) when cosine similarity to another skill is >= `cfg.dedup_threshold`.
+
+        Compare-and-swap: `expected_versions[name]` is the version the caller based its change on (0: the
+        skill must not exist yet). When the skill's current version (`version_of`, checked under the lock
+        after catching up) differs, it is not written but listed in `conflicts`; the rest of the batch
+        goes on. A matching base >= 1 allows that update even without `allow_updates`.
+        `notes[name]` (summary, evidence, validation, base_version) goes into that skill's history record.
         """
         origins = [str(s) for s in origin_sessions]
+        expected, notes = dict(expected_versions or {}), notes or {}
         with self._lock, self._file_lock.hold():
             self.reload()
-            writes, rejected = self._plan(skills, allow_updates)
+            conflicts = [Rejection(s.name, f"based on version {expected[s.name]} but the current version "
+                                   f"is {self.version_of(s.name)}: changed meanwhile, not written")
+                         for s in skills if s.name in expected and expected[s.name] != self.version_of(s.name)]
+            late = {c.name for c in conflicts}
+            writes, rejected = self._plan([s for s in skills if s.name not in late], allow_updates,
+                                          {n for n, v in expected.items() if v >= 1})
             if not writes:
-                return BatchResult([], rejected, self._gen)
+                return BatchResult([], rejected, self._gen, conflicts=conflicts)
             bump = any(action != "merge" for _, action in writes)
             gen = self._gen + 1 if bump else self._gen
             records, accepted, merged = [], [], []
             for skill, action in writes:
                 old = self._skills.get(skill.name)
+                version = self.version_of(skill.name) if action == "merge" else self._next_version(skill.name)
                 final = skill.model_copy(update={"metadata": store.stamp_metadata(
-                    skill, old, action, origins, evolver, gen, MAX_ORIGIN_SESSIONS)})
+                    skill, old, action, origins, evolver, gen, MAX_ORIGIN_SESSIONS, version)})
                 text = render_skill_md(final)
                 if len(text.encode("utf-8")) > self.cfg.max_skill_bytes:
                     rejected.append(Rejection(skill.name, self._too_big(text)))
@@ -195,32 +202,26 @@ class SkillBank:
                     rejected.append(Rejection(skill.name, f"could not write: {e}"))
                     continue
                 (merged if action == "merge" else accepted).append(final.name)
-                records.append(store.history_record(final, action, evolver, origins))
+                note = dict(notes.get(skill.name) or {})
+                if skill.name in expected:
+                    note.setdefault("base_version", expected[skill.name])
+                records.append(store.history_record(final, action, evolver, origins,
+                                                    None if action == "merge" else text, note))
             if records and not accepted:  # only merges were written: no new generation
                 for r in records:
                     r["generation"] = self._gen
             self._commit(records, gen if accepted else None)
-            return BatchResult(accepted, rejected, self._gen, merged)
+            return BatchResult(accepted, rejected, self._gen, merged, conflicts)
 
     def remove(self, name: str, evolver: str = "manual") -> int:
         """Delete skill `name` (or a malformed folder of that name); returns the new generation."""
-        if not SKILL_NAME_RE.fullmatch(name or ""):
-            raise BankError(f"invalid skill name {name!r}: must match {SKILL_NAME_RE.pattern}")
+        self._valid(name)
         with self._lock, self._file_lock.hold():
             self.reload()
-            folder = self.root / name
-            if name not in self._skills and not folder.is_dir():
+            if name not in self._skills and not (self.root / name).is_dir():
                 raise BankError(f"no skill named {name!r}")
-            # Rename first so readers never see a half-deleted folder, then delete.
-            trash = self.root / f".trash-{name}-{uuid.uuid4().hex[:8]}"
-            rename_durably(folder, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-            old = self._skills.get(name)
-            self._load_folder(name)  # forgets it
-            version = (old.metadata.get("version") if old else None) or 0
-            self._commit([{"ts": store.utc_now(), "action": "remove", "name": name,
-                           "generation": self._gen + 1, "version": version, "evolver": evolver,
-                           "origin_sessions": []}], self._gen + 1)
+            record = self._delete(name, self._gen + 1, evolver, None)
+            self._commit([record], self._gen + 1)
             return self._gen
 
     def ensure_generation(self, floor: int = 0, evolver: str = "reconcile") -> int:
@@ -234,18 +235,49 @@ class SkillBank:
             new = max(self._gen, floor) + 1
             log.warning("skills folder %s holds generation %d, below %d (wiped or replaced): writing "
                         "generation %d", self.root, self._disk_gen, max(self._gen, floor), new)
-            self._commit([{"ts": store.utc_now(), "action": "reconcile", "name": "", "generation": new,
+            self._commit([{"ts": store.utc_now_ms(), "action": "reconcile", "name": "", "generation": new,
                            "version": 0, "evolver": evolver, "origin_sessions": []}], new)
             return self._gen
 
+    # ---------------------------------------------------------------- versions
+    def _valid(self, name: str) -> str:
+        if not SKILL_NAME_RE.fullmatch(name or ""):
+            raise BankError(f"invalid skill name {name!r}: must match {SKILL_NAME_RE.pattern}")
+        return name
+
+    def _next_version(self, name: str) -> int:
+        return max(self._heads.get(name, 0), self.version_of(name)) + 1
+
+    def _with_head(self, skill: Skill) -> Skill:
+        """`skill` as loaded, its `metadata.version` the bank's counter: raised to the history's highest
+        (after a rollback the file holds the restored version's number); 1 when the file has none."""
+        raw = skill.metadata.get("version")
+        version = max(self._heads.get(skill.name, 0), versions.as_int(raw), 1)
+        if type(raw) is int and raw == version:
+            return skill
+        return skill.model_copy(update={"metadata": {**skill.metadata, "version": version}})
+
+    def _delete(self, name: str, generation: int, evolver: str, summary: str | None) -> dict[str, Any]:
+        """Delete folder `name` (lock held); returns its history record (committed by the caller)."""
+        version = self.version_of(name)
+        # Rename first so readers never see a half-deleted folder, then delete.
+        trash = self.root / f".trash-{name}-{uuid.uuid4().hex[:8]}"
+        rename_durably(self.root / name, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+        self._load_folder(name)  # forgets it
+        rec = {"ts": store.utc_now_ms(), "action": "remove", "name": name, "generation": generation,
+               "version": version, "evolver": evolver, "origin_sessions": []}
+        return {**rec, "summary": summary} if summary else rec
+
     # ---------------------------------------------------------------- decisions
-    def _plan(self, skills: Sequence[Skill], allow_updates: bool) -> tuple[list, list[Rejection]]:
+    def _plan(self, skills: Sequence[Skill], allow_updates: bool,
+              updatable: set[str] = frozenset()) -> tuple[list, list[Rejection]]:
         writes: list[tuple[Skill, str]] = []
         rejected: list[Rejection] = []
         batch_names: set[str] = set()
         batch_vecs: list[tuple[str, np.ndarray]] = []
         for skill in skills:
-            reason, action = self._check_name(skill, allow_updates, batch_names)
+            reason, action = self._check_name(skill, allow_updates or skill.name in updatable, batch_names)
             vec = None
             if reason is None and action != "merge" and self.cache is not None:
                 vec = self.cache.skill_matrix([skill])[0]
@@ -294,6 +326,7 @@ class SkillBank:
         """Append `records` to the history, then (if given) write the new generation. Lock held."""
         if records:
             self._hist_off = self._history.append(records)
+            versions.note_heads(self._heads, records)
         if generation is not None:
             self._gen_file.write(generation)
             self._set_generation(self._gen_file.read_raw())
@@ -339,7 +372,7 @@ class SkillBank:
             self._problems[name] = str(e)
             log.warning("skill folder %s skipped: %s", folder, e)
             return
-        self._skills[name] = skill
+        self._skills[name] = self._with_head(skill)
         self._keys[name] = content_key(skill)
 
     def _read_skill(self, folder: Path) -> Skill:
@@ -362,7 +395,9 @@ class SkillBank:
             before = dict(self._keys)
             self._skills, self._keys, self._folders, self._problems = {}, {}, {}, {}
             # Offsets/mtimes are read before scanning, so changes made during the scan are re-read later.
-            self._hist_off = self._history.size()
+            records, self._hist_off = self._history.read_from(0)
+            self._heads = {}
+            versions.note_heads(self._heads, records)
             self._root_mtime = self._root_mtime_ns()
             for name in sorted(self._folder_names()):
                 self._load_folder(name)
@@ -383,6 +418,7 @@ class SkillBank:
 
     def _apply_history(self) -> bool:
         records, self._hist_off = self._history.read_from(self._hist_off)
+        versions.note_heads(self._heads, records)
         names = {str(r.get("name", "")) for r in records}
         for name in sorted(n for n in names if SKILL_NAME_RE.fullmatch(n)):
             self._load_folder(name)

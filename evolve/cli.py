@@ -4,16 +4,22 @@ A typer sub-app; the composition-root CLI (cluster/) mounts it with `app.add_typ
 name="skills")`. It works on the files directly (no cluster needed): the SkillBank's lock makes it safe
 next to a running Evolver, and Proxies pick changes up within `skills.refresh_s`. With an object-storage
 root (`s3://...`) it works, from any host, on the newest snapshot in the bucket (evolve/mirror.py), pulled
-into a temporary folder; `add` and `remove` publish the result as the next version (merged with whatever
-an Evolver published meanwhile).
+into a temporary folder; `add`, `remove` and `rollback` publish the result as the next version (merged
+with whatever an Evolver published meanwhile).
 
     clawray skills [--config FILE] list | show NAME | log [-n N] | add PATH | remove NAME
+                                   | history [NAME] [-n N] | diff NAME [V1] [V2]
+                                   | rollback NAME --to V | rollback --generation G | rollback --at ISO
+
+Versions come from history.jsonl, which keeps the full SKILL.md of every add, update and rollback
+(evolve/versions.py); a rollback writes that stored text back byte for byte as a new version.
 
 Errors print one line (`error: ...`) and exit with status 1; no tracebacks.
 """
 
 from __future__ import annotations
 
+import difflib
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +35,7 @@ from rich.table import Table
 from core.cli_common import err, keep_config
 from core.cli_common import fail as _fail
 from core.config import ConfigError, load_config
+from core.contracts import SKILL_NAME_RE
 from core.storage import StorageLayout
 from evolve.bank import BankError, SkillBank
 from evolve.mirror import SkillMirror, SnapshotError
@@ -169,6 +176,106 @@ def remove(ctx: typer.Context, name: Annotated[str, typer.Argument(help="skill n
             raise _fail(str(e)) from None
         published = lib.publish()
         out.print(f"{name}: removed; generation {lib.bank.generation}{published}", highlight=False)
+
+
+@skills_app.command("history")
+def history_cmd(ctx: typer.Context,
+                name: Annotated[str | None, typer.Argument(help="only this skill's changes")] = None,
+                n: Annotated[int, typer.Option("--limit", "-n", min=1, help="how many recent changes")] = 20,
+                ) -> None:
+    """Show the audit trail: who changed what, when, as which version and generation, and why."""
+    if name is not None and not SKILL_NAME_RE.fullmatch(name):
+        raise _fail(f"invalid skill name {name!r}: must match {SKILL_NAME_RE.pattern}")
+    with _library(ctx) as lib:
+        generation, records = lib.bank.generation, lib.bank.history()
+        exists = name is not None and name in lib.bank
+    if name is not None:
+        records = [r for r in records if r.get("name") == name]
+        if not records and not exists:
+            raise _fail(f"no history for skill {name!r}")
+    records = records[-n:]
+    table = Table(title=f"{'history of ' + name if name else 'history'} · last {len(records)} · "
+                        f"generation {generation}")
+    for col in ("ts", "action", "name", "ver", "gen", "evolver", "summary"):
+        table.add_column(col, overflow="fold", no_wrap=col in ("ts", "action", "ver", "gen"))
+    for r in records:
+        summary = r.get("summary") or (f"restored version {r['restored_version']}"
+                                       if r.get("restored_version") else "")
+        table.add_row(str(r.get("ts", "")), str(r.get("action", "")), str(r.get("name", "")),
+                      str(r.get("version", "")), str(r.get("generation", "")), str(r.get("evolver", "")),
+                      _short(str(summary), 60))
+    out.print(table)
+
+
+@skills_app.command("diff")
+def diff_cmd(ctx: typer.Context, name: Annotated[str, typer.Argument(help="skill name")],
+             v1: Annotated[int | None, typer.Argument(help="from this version (default: the previous)")] = None,
+             v2: Annotated[int | None, typer.Argument(help="to this version (default: the latest)")] = None,
+             ) -> None:
+    """Unified diff between two stored versions of a skill (default: previous vs latest)."""
+    with _library(ctx) as lib:
+        try:
+            stored = [int(r.get("version") or 0) for r in lib.bank.versions(name) if r.get("action") != "remove"]
+            numbers = list(dict.fromkeys(sorted(stored)))
+            if not numbers:
+                raise BankError(f"no stored versions of skill {name!r} (not in history.jsonl)")
+            if v1 is None:
+                if len(numbers) < 2:
+                    raise BankError(f"skill {name!r} has only version {numbers[0]}: nothing to compare")
+                v1, v2 = numbers[-2], numbers[-1]
+            v2 = numbers[-1] if v2 is None else v2
+            a, b = lib.bank.text_at(name, v1), lib.bank.text_at(name, v2)
+        except BankError as e:
+            raise _fail(str(e)) from None
+    diff = "".join(difflib.unified_diff(a.splitlines(keepends=True), b.splitlines(keepends=True),
+                                        f"{name} v{v1}", f"{name} v{v2}"))
+    typer.echo(diff if diff else f"{name}: versions {v1} and {v2} are identical", nl=not diff)
+
+
+@skills_app.command("rollback")
+def rollback_cmd(
+        ctx: typer.Context,
+        name: Annotated[str | None, typer.Argument(help="the skill (omit it to roll back the whole library)")] = None,
+        to: Annotated[int | None, typer.Option("--to", help="restore this version of NAME")] = None,
+        generation: Annotated[int | None, typer.Option(
+            "--generation", "-g", help="restore the whole library as it was at this generation")] = None,
+        at: Annotated[str | None, typer.Option(
+            "--at", help="restore the whole library as it was at this ISO 8601 time (UTC if no zone)")] = None,
+) -> None:
+    """Restore a stored version of a skill, or the whole library as of a generation or time, as new
+    versions (+1 generation); skill folders added by hand are never removed."""
+    given = [flag for flag, v in (("--to", to), ("--generation", generation), ("--at", at)) if v is not None]
+    if len(given) != 1:
+        raise _fail(f"give exactly one of --to, --generation, --at (got {' and '.join(given) or 'none'})")
+    if to is not None and name is None:
+        raise _fail("--to needs the skill NAME: clawray skills rollback NAME --to V")
+    if to is None and name is not None:
+        raise _fail(f"{given[0]} rolls back the whole library: drop {name!r}, or use NAME --to V")
+    point = f"version {to}" if to is not None else f"generation {generation}" if generation is not None else at
+    with _library(ctx) as lib:
+        try:
+            result = lib.bank.rollback(name, to) if name is not None and to is not None \
+                else lib.bank.rollback_library(generation, at)
+        except BankError as e:
+            raise _fail(str(e)) from None
+        if name is not None and result.rejected:
+            raise _fail(f"{name}: {result.rejected[0].reason}")
+        for r in result.rejected:
+            err.print(f"[yellow]skipped[/yellow] {escape(r.name)}: {escape(r.reason)}", highlight=False,
+                      soft_wrap=True)
+        if not result.changed:
+            what = f"{name}: already holds the text of" if name is not None else "library: already as at"
+            out.print(f"{what} {point}; nothing changed; generation {lib.bank.generation}", highlight=False,
+                      soft_wrap=True)
+            return
+        published = lib.publish()
+        if name is not None:
+            msg = f"{name}: rolled back to {point} (now version {lib.bank.version_of(name)})"
+        else:
+            parts = [f"restored {', '.join(result.accepted)}" if result.accepted else "",
+                     f"removed {', '.join(result.removed)}" if result.removed else ""]
+            msg = f"library rolled back to {point}: {'; '.join(p for p in parts if p)}"
+        out.print(f"{msg}; generation {lib.bank.generation}{published}", highlight=False, soft_wrap=True)
 
 
 def main() -> None:  # `python -m evolve.cli` until the cluster CLI mounts the sub-app

@@ -1,4 +1,5 @@
-"""File-level pieces of the SkillBank: the cross-process lock, the generation file, the history log.
+"""File-level pieces of the SkillBank: the cross-process lock, the generation file, the history log,
+the metadata and history records it writes, and its result types.
 
 Kept apart from bank.py so the bank reads as policy (what is accepted) over these mechanics.
 """
@@ -6,12 +7,14 @@ Kept apart from bank.py so the bank reads as policy (what is accepted) over thes
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,9 +29,52 @@ GENERATION_FILE = ".generation"
 HISTORY_FILE = "history.jsonl"
 
 
+# The bank's own keys of a history record; a caller's notes (summary, evidence, validation, base_version,
+# anything else) are added beside them and never replace them.
+CORE_KEYS = frozenset({"ts", "action", "name", "generation", "version", "evolver", "origin_sessions",
+                       "category", "text", "sha256", "restored_version"})
+
+
+class BankError(ValueError):
+    """A bank operation that cannot be done (unknown or invalid name, unknown version); the message says
+    why."""
+
+
+@dataclass(frozen=True)
+class Rejection:
+    name: str
+    reason: str
+
+
+@dataclass
+class BatchResult:
+    """Outcome of one `add_batch` (or rollback). `generation` is the bank's generation after it."""
+
+    accepted: list[str]  # new skills, updates and restores that changed content (these bumped the generation)
+    rejected: list[Rejection]
+    generation: int
+    merged: list[str] = field(default_factory=list)  # same content, metadata only (no bump)
+    conflicts: list[Rejection] = field(default_factory=list)  # changed since the caller's base: not written
+    removed: list[str] = field(default_factory=list)  # removed by a library rollback
+    unchanged: list[str] = field(default_factory=list)  # a rollback found the text already in place
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.accepted or self.removed)
+
+
 def utc_now() -> str:
     """ISO 8601 UTC time with a `Z` suffix, second precision (what skill metadata stores)."""
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def utc_now_ms() -> str:
+    """ISO 8601 UTC time with a `Z` suffix, millisecond precision (history records' `ts`)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 class FileLock:
@@ -140,12 +186,13 @@ class HistoryLog:
 
 
 def stamp_metadata(skill: Skill, old: Skill | None, action: str, origins: list[str], evolver: str,
-                   generation: int, max_origins: int) -> dict[str, Any]:
+                   generation: int, max_origins: int, version: int) -> dict[str, Any]:
     """The metadata a skill is written with: bank fields over `old`'s and `skill`'s own metadata.
 
-    `action` is "add" (new), "update" (content changed: version + 1) or "merge" (same content: version,
-    evolver and generation of the last content change are kept). Origin session ids are the union of
-    old, given and the skill's own, the most recent `max_origins` kept.
+    `action` is "add" (new), "update" (content changed) or "merge" (same content: evolver and generation
+    of the last content change are kept). `version` is the skill's version after this write (the bank
+    counts it: see `SkillBank.version_of`). Origin session ids are the union of old, given and the
+    skill's own, the most recent `max_origins` kept.
     """
     old_meta = old.metadata if old is not None and action != "add" else {}
     meta: dict[str, Any] = {**old_meta, **skill.metadata}
@@ -153,9 +200,8 @@ def stamp_metadata(skill: Skill, old: Skill | None, action: str, origins: list[s
                           *(skill.metadata.get("origin_sessions") or []), *origins])
     meta["origin_sessions"] = [str(s) for s in seen][-max_origins:]
     now = utc_now()
-    old_version = int(old_meta.get("version") or 1) if old_meta else 0
     merge = action == "merge"
-    meta["version"] = old_version if merge else old_version + 1
+    meta["version"] = version
     meta["created_at"] = old_meta.get("created_at") or now
     meta["updated_at"] = now
     meta["evolver"] = old_meta.get("evolver", evolver) if merge else evolver
@@ -163,8 +209,17 @@ def stamp_metadata(skill: Skill, old: Skill | None, action: str, origins: list[s
     return meta
 
 
-def history_record(skill: Skill, action: str, evolver: str, origins: list[str]) -> dict[str, Any]:
-    """One history.jsonl line for a written skill (its metadata already stamped)."""
-    return {"ts": utc_now(), "action": action, "name": skill.name,
-            "generation": skill.metadata.get("generation", 0), "version": skill.metadata["version"],
-            "evolver": evolver, "origin_sessions": origins, "category": skill.category}
+def history_record(skill: Skill, action: str, evolver: str, origins: list[str], text: str | None = None,
+                   note: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One history.jsonl line for a written skill (its metadata already stamped). `text`: the SKILL.md
+    written (kept with its sha256 so the version can be shown and restored); `note`: the caller's
+    fields (summary, evidence, validation, base_version), never replacing the bank's own."""
+    rec = {"ts": utc_now_ms(), "action": action, "name": skill.name,
+           "generation": skill.metadata.get("generation", 0), "version": skill.metadata["version"],
+           "evolver": evolver, "origin_sessions": origins, "category": skill.category}
+    if text is not None:
+        rec["text"], rec["sha256"] = text, sha256_text(text)
+    for key, value in (note or {}).items():
+        if key not in CORE_KEYS and value is not None:
+            rec[str(key)] = value
+    return rec

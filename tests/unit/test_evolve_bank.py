@@ -203,6 +203,43 @@ def test_concurrent_adds_from_several_processes_lose_nothing(tmp_path: Path):
     assert sorted(h["generation"] for h in hist) == sorted(g for g in range(1, workers * batches + 1)
                                                           for _ in range(2))
     assert not [p for p in tmp_path.iterdir() if p.name.startswith((".tmp", ".trash"))]
+    for h in hist:  # each record keeps exactly the text its writer wrote
+        text = (tmp_path / h["name"] / "SKILL.md").read_text()
+        assert h["text"] == text and h["sha256"] == hashlib.sha256(text.encode()).hexdigest()
+
+
+def _cas_writer(root: str, worker: int, edits: int, start) -> None:
+    """Read-modify-write of ONE shared skill with compare-and-swap, retrying on conflicts."""
+    bank = SkillBank(Path(root), SkillsConfig())
+    start.wait(60)
+    for e in range(edits):
+        while True:
+            bank.reload()
+            cur = bank.get("shared")
+            r = bank.add(sk("shared", body=f"{cur.body}\n- w{worker} e{e}"), evolver=f"w{worker}",
+                         expected_version=cur.metadata["version"])
+            assert not r.rejected, r.rejected
+            if r.accepted:
+                break
+            assert r.conflicts, r  # not written: another writer moved the base
+
+
+def test_compare_and_swap_across_processes_loses_no_update(tmp_path: Path):
+    workers, edits = 3, 4
+    SkillBank(tmp_path, SkillsConfig()).add(sk("shared", body="- base"))
+    ctx = mp.get_context("spawn")
+    start = ctx.Barrier(workers)
+    procs = [ctx.Process(target=_cas_writer, args=(str(tmp_path), w, edits, start)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    bank = SkillBank(tmp_path, SkillsConfig())
+    lines = bank.get("shared").body.splitlines()
+    assert sorted(lines[1:]) == sorted(f"- w{w} e{e}" for w in range(workers) for e in range(edits))
+    assert bank.version_of("shared") == 1 + workers * edits == bank.generation
+    assert [h["version"] for h in bank.history()] == list(range(1, 2 + workers * edits))
 
 
 def test_vector_set_tracks_adds_changes_and_removals():
