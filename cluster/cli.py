@@ -332,9 +332,12 @@ def dlq_drop(ids: Annotated[list[str], typer.Argument(help="dead-letter ids (`cl
 
 
 def _mount_skills() -> None:
+    from cluster.skills_cli import mount
     from evolve.cli import skills_app
 
-    app.add_typer(skills_app, name="skills", help="List, show, add or remove skills; the change log.")
+    mount(skills_app)  # the commands that need the running system: evolve --now, decisions
+    app.add_typer(skills_app, name="skills", help="List, show, add, remove, roll back or evolve skills; "
+                                                   "the change log.")
 
 
 _mount_skills()

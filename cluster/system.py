@@ -86,7 +86,7 @@ def ensure_actors(cfg: ClawrayConfig, *, detached: bool = True, progress=None) -
     step("Evolver actor (skill library)")
     evolver = handles[names.EVOLVER] = get_or_create_evolver(layout.skills, cfg.skills, cfg.evolver,
                                                              detached=detached, blob_root=cfg.blob_root(),
-                                                             namespace=ns)
+                                                             namespace=ns, collective=collective_wiring(cfg, layout))
     # The replay buffer follows the skill library's generation from the start (support/query split).
     # Generations never go back: a skills folder wiped or replaced since Replay last saw generation g is
     # written up to a new generation above g (its S changed), never left below (Replay would retire
@@ -105,12 +105,24 @@ def ensure_actors(cfg: ClawrayConfig, *, detached: bool = True, progress=None) -
                           evolver_name=names.EVOLVER,
                           observer_names=(names.MEMORY,) if cfg.memory.enabled else ())
     handles.update(zip(sink_names(cfg), prms, strict=True))
+    ray.get(evolver.start_collective.remote())  # its schedule asks OMLS (below) whether serving is idle
     step("OMLS scheduler")
     handles[names.OMLS] = start_omls(cfg.scheduler, layout.root, detached=detached, namespace=ns,
                                      state=cfg.state.model_dump())
     step(f"Controller (mode {cfg.scheduler.mode})")
     handles[names.CONTROLLER] = start_controller(cfg, detached=detached, serving_app=names.APP)
     return handles
+
+
+def collective_wiring(cfg: ClawrayConfig, layout: StorageLayout) -> dict[str, Any]:
+    """What the Evolver's collective job needs by name (evolve/collective_runner.py): where evidence and its
+    cursor live, the engine deployment and the PRM pool its validation gate replays and grades with, and
+    the OMLS actor its schedule asks whether serving is idle."""
+    ns = cfg.ray.namespace
+    return {"storage_root": str(layout.root), "state": cfg.state.model_dump(),
+            "gate": {"engine": {"deployment": names.ENGINE, "app": names.APP, "model": cfg.model.served_name},
+                     "prms": sink_names(cfg), "namespace": ns},
+            "omls": [names.OMLS, ns]}
 
 
 def engine_judge(cfg: ClawrayConfig) -> dict[str, str] | None:

@@ -199,6 +199,33 @@ class SkillsConfig(Section):
     refresh_s: float = Field(default=1.0, gt=0)  # how often proxies look for a new generation
 
 
+class GateConfig(Section):
+    """The validation gate of collective evolution (evolve/gate.py); SkillClaw's defaults."""
+
+    enabled: bool = True  # off: candidates are published unvalidated (not recommended)
+    min_results: int = Field(default=1, ge=1)  # graded replays of the group's own tasks needed
+    min_approvals: int = Field(default=1, ge=0)  # tasks where the candidate beat (or passed and matched) current
+    min_mean: float = Field(default=0.75, ge=0, le=1)  # the candidate's mean grade on the group's tasks
+    margin: float = Field(default=0.0, ge=0, le=1)  # candidate mean must exceed current mean by more than this
+    held_back: int = Field(default=2, ge=0)  # tasks of OTHER sessions replayed too: they must not get worse
+    held_back_tolerance: float = Field(default=0.0, ge=0, le=1)  # how much their mean may drop
+    max_tasks: int = Field(default=8, ge=1)  # of the group's own tasks, newest first
+    max_tokens: int = Field(default=256, ge=1)  # per replayed reply (greedy)
+    timeout_s: float = Field(default=120.0, gt=0)  # per engine call
+
+
+class CollectiveConfig(Section):
+    """Collective, validation-gated evolution over every user's sessions (evolve/collective_job.py)."""
+
+    enabled: bool = True  # record evidence and run the job (on its schedule and `clawray skills evolve --now`)
+    interval_s: float = Field(default=3600.0, gt=0)  # how often the scheduled job looks for new sessions
+    only_when_idle: bool = True  # scheduled runs validate only while an OMLS idle signal is open
+    min_sessions: int = Field(default=2, ge=1)  # a lesson must recur in this many sessions to create a skill
+    max_rows: int = Field(default=5000, ge=1)  # evidence rows read per run
+    cas_retries: int = Field(default=3, ge=0)  # a publish that lost a race is decided again on the new base
+    gate: GateConfig = Field(default_factory=GateConfig)
+
+
 class EvolverConfig(Section):
     kind: Literal["feedback", "llm"] = "feedback"
     every_n_turns: int = Field(default=0, ge=0)  # 0 = off
@@ -206,6 +233,7 @@ class EvolverConfig(Section):
     failure_rate_threshold: float = Field(default=0.5, ge=0, le=1)
     min_failures: int = Field(default=1, ge=1)
     llm: LLMEndpoint | None = None
+    collective: CollectiveConfig = Field(default_factory=CollectiveConfig)
 
     @model_validator(mode="after")
     def _llm(self) -> EvolverConfig:

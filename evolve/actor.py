@@ -116,7 +116,8 @@ class Evolver:
 
     def __init__(self, skills_root: str, skills_cfg: SkillsConfig, evolver_cfg: EvolverConfig,
                  dedup_embeddings: bool | None = None, replay_name: str = names.REPLAY,
-                 blob_root: str | None = None, namespace: str = names.DEFAULT_NAMESPACE):
+                 blob_root: str | None = None, namespace: str = names.DEFAULT_NAMESPACE,
+                 collective: dict[str, Any] | None = None):
         logging.basicConfig(level=logging.INFO)
         use_emb = skills_cfg.retrieval == "embedding" if dedup_embeddings is None else dedup_embeddings
         embedder = (SentenceEmbedder(skills_cfg.embedding_model, encoder=skills_cfg.embedding_encoder)
@@ -129,6 +130,15 @@ class Evolver:
         self._publish_errors = 0
         self._replay = RayReplayLink(replay_name, namespace)
         self._loop = EvolutionLoop(self._bank, evolver_cfg, make_evolver(evolver_cfg), self._replay)
+        # Collective evolution (evolve/collective_runner.py): `collective` is what the composition root
+        # wires: {"storage_root", "state", "gate": {engine, prms, namespace} | None, "omls": [name, ns]}.
+        self._collective = None
+        if collective is not None and evolver_cfg.collective.enabled:
+            from evolve.collective_runner import CollectiveRunner
+
+            omls = tuple(collective["omls"]) if collective.get("omls") else None
+            self._collective = CollectiveRunner(self._bank, evolver_cfg.collective, collective["storage_root"],
+                                                collective.get("state"), self._replay, collective.get("gate"), omls)
         # Each at 0 from the start: a first rejection must show as an increase (core/metrics.py).
         self._counters = {k: zero_counter(c) for k, c in {
             "evolutions_triggered": Counter("clawray_evolutions_triggered_total", "Evolutions started."),
@@ -151,6 +161,7 @@ class Evolver:
         """Buffer one scored turn; returns the evolution report when it triggered one."""
         self._loop.reconcile()  # cheap (a few stats): a wiped folder is healed at the next turn
         report = await self._loop.observe(turn, sample)
+        self._record([(turn, sample)])
         await self._publish()
         return self._done(report)
 
@@ -158,6 +169,7 @@ class Evolver:
         """`observe` for several turns in order; returns the reports of the evolutions triggered."""
         self._loop.reconcile()
         reports = [await self._loop.observe(t, s) for t, s in pairs]
+        self._record(pairs)
         await self._publish()
         return [r for r in (self._done(x) for x in reports) if r is not None]
 
@@ -166,6 +178,38 @@ class Evolver:
         report = await self._loop.evolve_now(session_id)
         await self._publish()
         return self._done(report)
+
+    def _record(self, pairs: list[tuple[Turn, Sample]]) -> None:
+        """Evidence rows for collective evolution; a failure there never fails the fast loop."""
+        if self._collective is None:
+            return
+        try:
+            self._collective.record(pairs)
+        except Exception as e:  # noqa: BLE001 - e.g. the state database unreachable: logged, counted
+            self._collective.counts["errors"] += 1
+            log.warning("recording collective-evolution evidence failed: %s", e)
+
+    async def start_collective(self) -> bool:
+        """Start the collective job's schedule (idempotent); False when collective evolution is off."""
+        if self._collective is None:
+            return False
+        self._collective.start()
+        return True
+
+    async def collective_run(self) -> dict[str, Any]:
+        """One collective job run now (`clawray skills evolve --now`), exclusive with fast-loop evolutions."""
+        if self._collective is None:
+            raise RuntimeError("collective evolution is off (evolver.collective.enabled) or not wired")
+        out = await self._collective.run(self._loop.lock)
+        await self._publish()
+        self._export()
+        return out
+
+    def collective_stats(self) -> dict[str, Any] | None:
+        return None if self._collective is None else self._collective.stats()
+
+    def collective_decisions(self, limit: int = 50) -> list[dict[str, Any]]:
+        return [] if self._collective is None else self._collective.store.decisions(limit)
 
     def stats(self) -> dict[str, Any]:
         return {**self._loop.stats(), "replay_errors": self._replay.errors,
@@ -227,7 +271,7 @@ class Evolver:
 def get_or_create_evolver(skills_root: Path, skills_cfg: SkillsConfig, evolver_cfg: EvolverConfig, *,
                           detached: bool = False, dedup_embeddings: bool | None = None,
                           name: str = names.EVOLVER, replay_name: str = names.REPLAY, blob_root: str | None = None,
-                          namespace: str = names.DEFAULT_NAMESPACE):
+                          namespace: str = names.DEFAULT_NAMESPACE, collective: dict[str, Any] | None = None):
     """The `Evolver` actor handle, created if it does not exist yet (the composition root calls this).
     `blob_root`: the object-storage root the library is mirrored to (`ClawrayConfig.blob_root()`);
     `namespace`: the Ray namespace of it and of the replay actor (`ray.namespace`)."""
@@ -236,5 +280,5 @@ def get_or_create_evolver(skills_root: Path, skills_cfg: SkillsConfig, evolver_c
         opts["lifetime"] = "detached"
     names.forget(name, namespace)  # a handle this process cached may be of a killed incarnation
     return Evolver.options(**opts).remote(str(skills_root), skills_cfg, evolver_cfg, dedup_embeddings,
-                                          replay_name, blob_root, namespace)
+                                          replay_name, blob_root, namespace, collective)
 

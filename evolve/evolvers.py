@@ -77,12 +77,12 @@ def extract_lessons(feedback: str) -> list[str]:
     return out
 
 
-def _excerpt(text: str, n: int = 240) -> str:
+def excerpt(text: str, n: int = 240) -> str:
     one = " ".join((text or "").split())
     return one if len(one) <= n else one[: n - 1] + "…"
 
 
-def _slug(lesson: str) -> str:
+def lesson_slug(lesson: str) -> str:
     kept = [w for w in words(lesson) if w not in STOPWORDS and w not in RULE_WORDS][:6]
     name = "-".join(kept)[:64].strip("-")
     while len(name) > 64 or (name and not re.fullmatch(r"[a-z0-9][a-z0-9-]{1,63}", name)):
@@ -133,7 +133,7 @@ class FeedbackEvolver:
     @staticmethod
     def _new(lesson: str, members: list[Failure], taken: set[str]) -> Skill:
         first = members[0]
-        name = _slug(lesson)
+        name = lesson_slug(lesson)
         if name in taken:  # a different lesson already owns the name: make it unique, stably
             name = f"{name[:57].rstrip('-')}-{hashlib.sha1(lesson.encode()).hexdigest()[:6]}"
         rule = lesson[0].upper() + lesson[1:]
@@ -143,8 +143,8 @@ class FeedbackEvolver:
             f"# {title}",
             "",
             f"- **Rule:** {rule}.",
-            f"- **Why:** a response was rejected with this feedback: \"{_excerpt(first.feedback)}\"",
-            f"- **Seen in the task:** \"{_excerpt(first.instruction)}\"",
+            f"- **Why:** a response was rejected with this feedback: \"{excerpt(first.feedback)}\"",
+            f"- **Seen in the task:** \"{excerpt(first.instruction)}\"",
         ])
         return Skill(
             name=name,

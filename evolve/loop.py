@@ -140,6 +140,11 @@ class EvolutionLoop:
                          "skills_merged": 0}
         self.last_error: str | None = None
 
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held by every evolution: other writers of the bank (the collective job) take it too."""
+        return self._lock
+
     async def observe(self, turn: Turn, sample: Sample) -> EvolutionReport | None:
         """Buffer one scored turn; evolve if a trigger fires. Side turns and samples already observed
         are ignored."""

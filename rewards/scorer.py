@@ -17,7 +17,7 @@ from rewards.checkers import CheckerSpecError, CheckResult, evaluate
 from rewards.engine_judge import EngineJudge
 from rewards.errors import JudgeUnavailable
 from rewards.judge import build_judge_messages
-from rewards.scoring import SessionRule, build_sample, make_vote
+from rewards.scoring import SessionRule, build_sample, decide_reward, make_vote
 from rewards.tokens import HFTokens, TokenCounter, WhitespaceTokens, load_tokens
 from rewards.votes import parse_score
 
@@ -125,6 +125,21 @@ class Scorer:
             await self.check_teacher()
             sample.teacher_logprobs = await opd.teacher_logprobs(self.teacher, turn)
         return sample
+
+    async def grade(self, messages: list[dict], reply: str, eval_spec: dict | None) -> float | None:
+        """A reply to `messages` graded in [0, 1] without a next state, as the validation gate replays
+        tasks (evolve/gate.py): the task's checker score, else the judge's majority mapped from {-1, 0, 1}
+        to {0, 0.5, 1}, else None (nothing can grade it). Raises JudgeUnavailable like `score`."""
+        turn = Turn(session_id="validation", turn_index=0, messages=messages, prompt_ids=[], response_ids=[],
+                    response_logprobs=[], response_text=reply, eval_spec=eval_spec)
+        check = await asyncio.to_thread(self._check, turn)
+        if check is not None:
+            return float(check.score)
+        votes = await self._votes(turn)
+        if not any(v.score is not None for v in votes):
+            return None
+        reward, _ = decide_reward(None, votes)
+        return (reward + 1.0) / 2.0
 
     def _check(self, turn: Turn) -> CheckResult | None:
         if not turn.eval_spec or not self.cfg.checkers:

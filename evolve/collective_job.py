@@ -1,0 +1,163 @@
+"""The collective evolve job: every user's new sessions -> decisions -> the gate -> versioned publishes.
+
+One run (`CollectiveJob.run`): read the evidence rows after the job's cursor (evolve/evidence.py), summarise
+and group them by skill (evolve/collective.py), decide per group, replay each candidate A/B through the
+gate (evolve/gate.py), and publish the approved ones as new versions of the SkillBank with their edit
+summary, evidence and verdict (the bank's history is the audit log; every decision, rejections included,
+is also kept in the evidence store's `decisions` table). Nothing is published unvalidated while the gate
+is on; a rejected candidate changes nothing for anyone.
+
+No lost update: a publish is a compare-and-swap on the skill's version (`expected_versions`): when
+another writer (the per-user fast loop, a second job, `clawray skills`) changed the skill since the
+decision was made, the bank refuses and the job decides again on the new base (`cas_retries` times),
+never overwriting it. The cursor is compare-and-swapped too (core/kv.py): a second job that read the same
+rows decides on the library the first one published, so it does not publish the same change twice.
+
+Support/query separation: before a publish the job claims the failed turns it learned from as support in
+the replay buffer and opens the evolution fence (the `ReplayLink` of evolve/loop.py); the publish bumps
+the generation and the fence closes with it, exactly as a fast-loop evolution does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from core.config import CollectiveConfig
+from core.contracts import Skill
+from core.kv import Conflict, KVStore
+from evolve.bank import SkillBank
+from evolve.collective import NO_SKILL, Decision, SessionSummary, decide, group_by_skill, summarise_all
+from evolve.evidence import EvidenceStore
+from evolve.gate import Validator, Verdict
+from evolve.loop import NoReplay, ReplayLink
+
+log = logging.getLogger(__name__)
+CURSOR_KEY = "collective.cursor"
+FENCE_TTL_S = 120.0
+
+
+@dataclass
+class JobReport:
+    job: str
+    rows: int = 0
+    sessions: int = 0
+    groups: int = 0
+    decisions: list[dict[str, Any]] = field(default_factory=list)  # action, skill, published, reason
+    published: list[str] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
+    generation: int = 0
+    cursor: int = 0
+    skipped_reason: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class CollectiveJob:
+    """See the module docstring. `validator` None = the gate is off (GateConfig.enabled false)."""
+
+    def __init__(self, bank: SkillBank, store: EvidenceStore, cursor: KVStore, cfg: CollectiveConfig,
+                 validator: Validator | None, replay: ReplayLink | None = None, name: str = "collective"):
+        self.bank, self.store, self.cursor, self.cfg = bank, store, cursor, cfg
+        self.validator, self.replay, self.name = validator, replay or NoReplay(), name
+        if cfg.gate.enabled and validator is None:
+            raise ValueError("the validation gate is on (evolver.collective.gate.enabled) but no validator was given")
+
+    async def run(self) -> JobReport:
+        report = JobReport(f"{self.name}-{uuid.uuid4().hex[:8]}")
+        got = self.cursor.get(CURSOR_KEY)
+        version, start = (got[0], int(got[1]["seq"])) if got else (0, 0)
+        rows = self.store.since(start, self.cfg.max_rows)
+        report.rows, report.cursor = len(rows), start
+        if not rows:
+            report.skipped_reason = "no new sessions since the last run"
+            report.generation = self.bank.generation
+            return report
+        last = rows[-1][0]
+        evidence = [e for _, e in rows]
+        sessions = summarise_all(evidence)
+        self.bank.reload()
+        groups = group_by_skill(sessions, self.bank.names())
+        report.sessions, report.groups = len(sessions), len(groups)
+        for group, members in groups.items():
+            await self._group(report, group, members, last)
+        try:
+            self.cursor.put(CURSOR_KEY, {"seq": last, "job": report.job, "ts": time.time()}, version)
+            report.cursor = last
+        except Conflict as e:  # another job moved it: its decisions saw what this one published
+            log.info("collective job %s: cursor moved by another job (%s)", report.job, e)
+        report.generation = self.bank.generation
+        return report
+
+    async def _group(self, report: JobReport, group: str, members: list[SessionSummary], last_seq: int) -> None:
+        for attempt in range(self.cfg.cas_retries + 1):
+            self.bank.reload()
+            d = decide(group, members, self.bank.skills(), min_sessions=self.cfg.min_sessions)
+            if d.candidate is not None and d.action != "create":
+                d.base_version = self.bank.version_of(d.candidate.name)  # the bank's counter: what CAS compares
+            if d.action == "skip" or d.candidate is None:
+                self._record(report, d, None, False, d.summary)
+                return
+            v = await self._validate(d, members, last_seq)
+            if not v.approved:
+                self._record(report, d, v, False, f"rejected by the gate: {v.reason}")
+                return
+            outcome = await self._publish(d, v, members)
+            if outcome == "conflict":
+                log.info("collective job %s: %s changed since the decision; deciding again (%d/%d)",
+                         report.job, d.candidate.name, attempt + 1, self.cfg.cas_retries)
+                continue
+            self._record(report, d, v, outcome == "published", outcome)
+            return
+        self._record(report, d, None, False, f"gave up after {self.cfg.cas_retries} compare-and-swap conflicts")
+
+    async def _validate(self, d: Decision, members: list[SessionSummary], last_seq: int) -> Verdict:
+        assert d.candidate is not None
+        if self.validator is None:
+            return Verdict(True, "the gate is off (evolver.collective.gate.enabled: false): not validated")
+        current = self.bank.get(d.candidate.name) if d.action != "create" else None
+        tasks = [e for s in members for e in s.rows]
+        held = self.store.sample_outside([s.session_id for s in members], self.cfg.gate.held_back, last_seq)
+        return await self.validator.validate(d.candidate, current, tasks, held)
+
+    async def _publish(self, d: Decision, v: Verdict, members: list[SessionSummary]) -> str:
+        """"published", "conflict" or the bank's reason for refusing."""
+        cand: Skill = d.candidate  # type: ignore[assignment]
+        failed = [e.turn_id for s in members for e in s.rows if e.failed]
+        token, claimed = await self.replay.begin_evolution(failed, FENCE_TTL_S)
+        generation = None
+        try:
+            notes = {cand.name: {"summary": d.summary, "evidence": d.evidence, "validation": v.as_dict(),
+                                 "base_version": d.base_version, "decision": d.action}}
+            result = self.bank.add_batch([cand], [s.session_id for s in members], self.name, allow_updates=True,
+                                         expected_versions={cand.name: d.base_version}, notes=notes)
+            if result.conflicts:
+                return "conflict"
+            if result.rejected:
+                return f"refused by the bank: {result.rejected[0].reason}"
+            if not result.accepted:
+                return "unchanged (the library already holds this text)"
+            generation = result.generation
+            return "published"
+        finally:
+            await self.replay.end_evolution(token, generation, [] if generation is not None else claimed)
+
+    def _record(self, report: JobReport, d: Decision, v: Verdict | None, published: bool, outcome: str) -> None:
+        name = d.candidate.name if d.candidate is not None else d.group
+        rec = {"group": d.group or "(no skill)", "summary": d.summary, "evidence": d.evidence,
+               "base_version": d.base_version, "outcome": outcome,
+               "verdict": v.as_dict() if v is not None else None,
+               "candidate": d.candidate.model_dump() if d.candidate is not None and not published else None}
+        self.store.record_decision(report.job, name, d.action, published, rec)
+        report.decisions.append({"skill": name, "group": d.group or "(no skill)", "action": d.action,
+                                 "published": published, "outcome": outcome, "summary": d.summary})
+        if published:
+            report.published.append(name)
+        elif d.action != "skip":
+            report.rejected.append(name)
+        log.info("collective job %s: %s %s -> %s", report.job, d.action, name or NO_SKILL, outcome)
+

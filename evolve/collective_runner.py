@@ -1,0 +1,157 @@
+"""What the `Evolver` actor runs of collective evolution: evidence recording, the job, its schedule.
+
+- `record(pairs)`: each scored main turn the Evolver observes becomes an evidence row (evolve/evidence.py).
+- `run(now)`: one `CollectiveJob` run (evolve/collective_job.py). Scheduled runs (every
+  `interval_s`, `start()`) go ahead only while serving is idle: the OMLS actor reports an open idle signal
+  (sleep hours, inactivity, a calendar event), so the gate's replays never compete with users' turns;
+  `clawray skills evolve --now` runs at once.
+- The gate's two callables, wired by name from what the composition root passed (evolve/ imports neither
+  plane): `ServeGenerate` asks the engine deployment (Serve handle; greedy, the policy's served name, so
+  the active adapter) and `PrmGrade` asks a PRM actor (`PRM.grade`: the same checkers and judge that
+  score users' turns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from pathlib import Path
+from typing import Any
+
+from core import names
+from core.config import CollectiveConfig
+from core.contracts import Sample, Turn, TurnType
+from core.kv import control_store
+from evolve.bank import SkillBank
+from evolve.collective_job import CollectiveJob, JobReport
+from evolve.evidence import EvidenceStore, evidence_from
+from evolve.gate import Validator
+from evolve.loop import ReplayLink
+
+log = logging.getLogger(__name__)
+
+
+class GateUnavailable(RuntimeError):
+    """The engine or the PRM could not answer a replay now (retry the run later)."""
+
+
+class ServeGenerate:
+    """`generate(messages, max_tokens) -> reply text` through the engine deployment's `chat`."""
+
+    def __init__(self, deployment: str, app: str, model: str, timeout_s: float):
+        self.deployment, self.app, self.model, self.timeout_s = deployment, app, model, timeout_s
+        self._handle: Any = None
+
+    async def __call__(self, messages: list[dict[str, Any]], max_tokens: int) -> str:
+        from ray import serve
+
+        if self._handle is None:
+            self._handle = serve.get_deployment_handle(self.deployment, app_name=self.app)
+        body = {"model": self.model, "messages": messages, "temperature": 0.0, "max_tokens": max_tokens}
+        try:
+            reply = await asyncio.wait_for(self._handle.chat.remote(body), self.timeout_s)
+        except Exception as e:  # noqa: BLE001 - down, asleep for training, refused: the run is retried later
+            raise GateUnavailable(f"the engine could not replay a task: {type(e).__name__}: {str(e)[:200]}") from e
+        choices = reply.body.get("choices") or [{}]
+        return (choices[0].get("message") or {}).get("content") or ""
+
+
+class PrmGrade:
+    """`grade(messages, reply, eval_spec) -> float | None` on a PRM actor of the pool."""
+
+    def __init__(self, prms: list[str], namespace: str, timeout_s: float):
+        self.prms, self.namespace, self.timeout_s = prms, namespace, timeout_s
+
+    async def __call__(self, messages: list[dict[str, Any]], reply: str, eval_spec: dict[str, Any] | None) -> float | None:
+        name = self.prms[zlib.crc32(reply.encode()) % len(self.prms)]
+        try:
+            handle = names.actor(name, self.namespace, timeout_s=self.timeout_s)
+            with names.forget_if_dead(name, self.namespace):
+                return await asyncio.wait_for(handle.grade.remote(messages, reply, eval_spec), self.timeout_s)
+        except Exception as e:  # noqa: BLE001 - a PRM down or its judge unavailable: retry the run later
+            raise GateUnavailable(f"{name} could not grade a replay: {type(e).__name__}: {str(e)[:200]}") from e
+
+
+class CollectiveRunner:
+    """Args: the bank the Evolver writes, the config section, the storage root and state config (for the
+    evidence store and the job's cursor), the replay link, and `gate`: {"engine": {deployment, app,
+    model}, "prms": [names], "namespace"} (None: no gate can be wired, so the job runs only with the gate
+    off)."""
+
+    def __init__(self, bank: SkillBank, cfg: CollectiveConfig, storage_root: str, state: dict | None,
+                 replay: ReplayLink, gate: dict[str, Any] | None, omls: tuple[str, str] | None = None):
+        self.cfg, self.bank, self.omls = cfg, bank, omls
+        self.store = EvidenceStore(Path(storage_root), state)
+        validator = None
+        if cfg.gate.enabled and gate is not None:
+            eng = gate["engine"]
+            validator = Validator(cfg.gate, ServeGenerate(eng["deployment"], eng["app"], eng["model"], cfg.gate.timeout_s),
+                                  PrmGrade(list(gate["prms"]), gate["namespace"], cfg.gate.timeout_s))
+        self.job = (CollectiveJob(bank, self.store, control_store(storage_root, state), cfg, validator, replay)
+                    if validator is not None or not cfg.gate.enabled else None)
+        self._running = asyncio.Lock()
+        self._task: asyncio.Task | None = None
+        self.last: dict[str, Any] | None = None
+        self.counts = {"evidence_rows": 0, "runs": 0, "published": 0, "rejected": 0, "errors": 0}
+
+    def record(self, pairs: list[tuple[Turn, Sample]]) -> int:
+        rows = [evidence_from(t, s, self.bank.names()) for t, s in pairs if t.turn_type == TurnType.main]
+        n = self.store.append(rows) if rows else 0
+        self.counts["evidence_rows"] += n
+        return n
+
+    def start(self) -> None:
+        """Start the schedule (idempotent)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._schedule())
+
+    async def _schedule(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.interval_s)
+            try:
+                if self.cfg.only_when_idle and not await self._idle():
+                    log.info("collective job: serving is not idle (no OMLS idle signal open); next try in %.0f s",
+                             self.cfg.interval_s)
+                    continue
+                await self.run()
+            except Exception as e:  # noqa: BLE001 - the schedule must outlive one bad run
+                log.warning("collective job failed: %s", e)
+
+    async def _idle(self) -> bool:
+        if self.omls is None:
+            return False
+        try:
+            state = await asyncio.wait_for(names.actor(*self.omls, timeout_s=0).state.remote(), 10.0)
+        except Exception as e:  # noqa: BLE001 - no OMLS: not known to be idle
+            log.info("collective job: OMLS state unavailable (%s)", e)
+            return False
+        return bool(state.get("open_signals"))
+
+    async def run(self, lock: asyncio.Lock | None = None) -> dict[str, Any]:
+        """One job run (one at a time in this actor; `lock`: also exclusive with fast-loop evolutions)."""
+        if self.job is None:
+            raise RuntimeError("the validation gate is on but the Evolver was started without the engine and "
+                               "PRM names to run it (start it through the composition root, cluster/system.py)")
+        async with self._running:
+            try:
+                if lock is None:
+                    report = await self.job.run()
+                else:
+                    async with lock:
+                        report = await self.job.run()
+            except GateUnavailable as e:
+                self.counts["errors"] += 1
+                self.last = {"error": str(e)}
+                raise
+        self._count(report)
+        return report.as_dict()
+
+    def _count(self, report: JobReport) -> None:
+        self.counts["runs"] += 1
+        self.counts["published"] += len(report.published)
+        self.counts["rejected"] += len(report.rejected)
+        self.last = report.as_dict()
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.counts, "last": self.last}
