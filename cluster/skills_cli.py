@@ -1,4 +1,4 @@
-"""`clawray skills evolve --now` and `clawray skills decisions`: the running system's collective job.
+"""`clawray skills evolve --now | decisions | promote`: the running system's collective job.
 
 These need the running cluster (the Evolver actor holds the job; its gate replays through the engine), so
 they live here in the composition root and are added to evolve/cli.py's `skills` sub-app, whose other
@@ -90,6 +90,33 @@ def decisions(ctx: typer.Context, n: Annotated[int, typer.Option("--limit", "-n"
     out.print(t)
 
 
+def promote(ctx: typer.Context, name: Annotated[str, typer.Argument(help="skill name")],
+            to: Annotated[str, typer.Option("--to", help="global | group:<name> | user:<id> | "
+                                                        "workspace:<user>/<workspace>")]) -> None:
+    """Serve a skill to a wider scope, through the validation gate (its owner's tasks must show it helps;
+    tasks of its new audience must not get worse)."""
+    import ray
+
+    from evolve.scopes import check_scope
+
+    try:
+        check_scope(to)
+    except ValueError as e:
+        raise fail(str(e)) from None
+    evolver = _evolver(ctx)
+    try:
+        with out.status(f"promoting {name} to {to}: replaying through the gate…"):
+            report = ray.get(evolver.collective_promote.remote(name, to))
+    except ray.exceptions.RayError as e:
+        cause = getattr(e, "cause", None) or e
+        raise fail(str(cause).splitlines()[0][:300]) from None
+    (d,) = report["decisions"]
+    if not d["published"]:
+        raise fail(f"{name} was not promoted: {d['outcome']}")
+    out.print(f"{escape(name)} is now served to {escape(to)} (generation {report['generation']})")
+
+
 def mount(skills_app: typer.Typer) -> None:
     skills_app.command("evolve")(evolve)
     skills_app.command("decisions")(decisions)
+    skills_app.command("promote")(promote)

@@ -197,6 +197,8 @@ class SkillsConfig(Section):
     dedup_threshold: float = Field(default=0.92, gt=0, le=1)
     max_skill_bytes: int = Field(default=16 * 1024, ge=256)
     refresh_s: float = Field(default=1.0, gt=0)  # how often proxies look for a new generation
+    # Skill groups (evolve/scopes.py): a skill of scope `group:<name>` is served to the users listed here.
+    groups: dict[str, list[str]] = Field(default_factory=dict)
 
 
 class GateConfig(Section):
@@ -233,6 +235,11 @@ class EvolverConfig(Section):
     failure_rate_threshold: float = Field(default=0.5, ge=0, le=1)
     min_failures: int = Field(default=1, ge=1)
     llm: LLMEndpoint | None = None
+    # Who a fast-loop lesson is served to (evolve/scopes.py): the user whose session taught it (default),
+    # that user's workspace, the user's team (`group`: the first of `skills.groups` listing the user), or
+    # everyone (`global`: MetaClaw's single library, unvalidated). Lessons reach other users through the
+    # collective job's validation gate (docs/collective.md).
+    scope: Literal["user", "workspace", "group", "global"] = "user"
     collective: CollectiveConfig = Field(default_factory=CollectiveConfig)
 
     @model_validator(mode="after")

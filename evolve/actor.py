@@ -205,6 +205,15 @@ class Evolver:
         self._export()
         return out
 
+    async def collective_promote(self, name: str, scope: str) -> dict[str, Any]:
+        """Widen skill `name`'s scope through the validation gate (`clawray skills promote`)."""
+        if self._collective is None:
+            raise RuntimeError("collective evolution is off (evolver.collective.enabled) or not wired")
+        out = await self._collective.promote(name, scope, self._loop.lock)
+        await self._publish()
+        self._export()
+        return out
+
     def collective_stats(self) -> dict[str, Any] | None:
         return None if self._collective is None else self._collective.stats()
 

@@ -11,7 +11,8 @@ SkillClaw's loop, deterministic and offline (an LLM decider may replace `decide`
      the candidate keeps the whole body (successful sessions are evidence that it works) and appends the
      new rules under "Refinements";
    - `create`: sessions that used no skill share a lesson (in at least `min_sessions` sessions, or one
-     session with `min_sessions` failures of it) that no skill states: a new skill for that need;
+     session with `min_sessions` failures of it) that no global skill states: a new global skill for that
+     need (users' private lessons, evolve/scopes.py, are what it shares);
    - `optimize_description`: the skill helped where its topic matched and was injected into sessions
      about something else that failed without any lesson for it: the description is narrowed to the
      topics of the sessions where it worked, so retrieval serves it for the right tasks;
@@ -31,10 +32,11 @@ from typing import Any, Literal
 from core.contracts import Skill
 from evolve.evidence import Evidence
 from evolve.evolvers import excerpt, extract_lessons, lesson_slug
+from evolve.scopes import GLOBAL, scope_of
 from evolve.text import STOPWORDS, detect_task_type, jaccard, topic_tokens, words
 
 NO_SKILL = ""  # the group of sessions that used no skill
-Action = Literal["refine", "create", "optimize_description", "skip"]
+Action = Literal["refine", "create", "optimize_description", "skip", "promote"]
 REFINEMENTS = "## Refinements"
 # Topic-token Jaccard at which a lesson is the same lesson (clustered) or already stated by a skill. Higher
 # than the fast loop's MERGE_JACCARD: "prefer option C for backups" and "prefer option D for dates" share 3
@@ -173,7 +175,9 @@ def decide(group: str, sessions: Sequence[SessionSummary], library: Sequence[Ski
 
 def _create(sessions: Sequence[SessionSummary], library: Sequence[Skill], ev: dict[str, Any],
             min_sessions: int) -> Decision:
-    stated = [x for s in library for x in stated_lessons(s)]
+    # Only what everyone is served counts as covered: a lesson several users' private skills state (the
+    # fast loop's, evolve/scopes.py) is exactly what collective evolution shares, through the gate.
+    stated = [x for s in library if scope_of(s) == GLOBAL for x in stated_lessons(s)]
     for lesson, members, count in sorted(_clusters(sessions), key=lambda c: (-len(c[1]), -c[2], c[0])):
         if _covered(lesson, stated):
             continue
@@ -191,7 +195,7 @@ def _create(sessions: Sequence[SessionSummary], library: Sequence[Skill], ev: di
                           f"- **Seen in the task:** \"{excerpt(instr)}\""])
         skill = Skill(name=name, description=f"{rule}. (Learned from several users' sessions.)"[:1024],
                       category=detect_task_type(f"{lesson} {instr}") or "general", body=body,
-                      metadata={"lesson": lesson, "source": "collective"})
+                      metadata={"lesson": lesson, "source": "collective", "scope": GLOBAL})
         ev = {**ev, "lesson_sessions": [m.session_id for m in members], "lesson_failures": count}
         summary = (f"create {name!r}: no skill covers \"{excerpt(lesson, 120)}\", which corrected {count} "
                    f"failed turn(s) in {len(members)} session(s); nothing existing was changed")

@@ -34,6 +34,7 @@ from evolve.collective import NO_SKILL, Decision, SessionSummary, decide, group_
 from evolve.evidence import EvidenceStore
 from evolve.gate import Validator, Verdict
 from evolve.loop import NoReplay, ReplayLink
+from evolve.scopes import check_scope, scope_of
 
 log = logging.getLogger(__name__)
 CURSOR_KEY = "collective.cursor"
@@ -92,6 +93,39 @@ class CollectiveJob:
             log.info("collective job %s: cursor moved by another job (%s)", report.job, e)
         report.generation = self.bank.generation
         return report
+
+    async def promote(self, name: str, scope: str) -> dict[str, Any]:
+        """Serve skill `name` to a wider `scope` (e.g. a user's private lesson to its group, or to everyone)
+        only if it passes the same gate: its owner's recorded tasks must show it helps (replayed without
+        it vs with it) and tasks of other sessions, now in its audience, must not get worse."""
+        report = JobReport(f"{self.name}-promote-{uuid.uuid4().hex[:8]}")
+        check_scope(scope)
+        self.bank.reload()
+        skill = self.bank.get(name)
+        if skill is None:
+            raise ValueError(f"no skill named {name!r}")
+        if scope_of(skill) == scope:
+            raise ValueError(f"{name!r} already has scope {scope!r}")
+        rows = [e for _, e in self.store.since(max(self.store.last_seq() - self.cfg.max_rows, 0), self.cfg.max_rows)]
+        used = [e for e in rows if name in e.used]
+        sessions = summarise_all(used)
+        cand = skill.model_copy(update={"metadata": {**skill.metadata, "scope": scope}})
+        d = Decision(name, "promote", f"promote {name!r} from {scope_of(skill)} to {scope}: the text is kept; "
+                     f"evidence: {len(used)} turn(s) of {len(sessions)} session(s) that used it",
+                     cand, self.bank.version_of(name), {"sessions": [s.session_id for s in sessions],
+                                                       "from": scope_of(skill), "to": scope})
+        if self.validator is None:
+            v = Verdict(True, "the gate is off (evolver.collective.gate.enabled: false): not validated")
+        else:
+            held = self.store.sample_outside([s.session_id for s in sessions], self.cfg.gate.held_back)
+            v = await self.validator.validate(skill, None, used, held)
+        if not v.approved:
+            self._record(report, d, v, False, f"rejected by the gate: {v.reason}")
+        else:
+            outcome = await self._publish(d, v, sessions)
+            self._record(report, d, v, outcome == "published", outcome)
+        report.generation = self.bank.generation
+        return report.as_dict()
 
     async def _group(self, report: JobReport, group: str, members: list[SessionSummary], last_seq: int) -> None:
         for attempt in range(self.cfg.cas_retries + 1):

@@ -147,6 +147,17 @@ class CollectiveRunner:
         self._count(report)
         return report.as_dict()
 
+    async def promote(self, name: str, scope: str, lock: asyncio.Lock | None = None) -> dict[str, Any]:
+        """`CollectiveJob.promote`, one at a time with runs (and fast-loop evolutions, with `lock`)."""
+        if self.job is None:
+            raise RuntimeError("the validation gate is on but the Evolver was started without the engine and "
+                               "PRM names to run it (start it through the composition root, cluster/system.py)")
+        async with self._running:
+            if lock is None:
+                return await self.job.promote(name, scope)
+            async with lock:
+                return await self.job.promote(name, scope)
+
     def _count(self, report: JobReport) -> None:
         self.counts["runs"] += 1
         self.counts["published"] += len(report.published)

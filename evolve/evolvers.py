@@ -45,6 +45,7 @@ class Failure:
     reward: float  # <= 0
     session_id: str
     sample_id: str
+    tenant: str = "default/default"  # "<user>/<workspace>" of the session (the lesson's scope, evolve/scopes.py)
 
 
 class Evolver(Protocol):

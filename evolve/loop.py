@@ -28,15 +28,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from core.config import EvolverConfig
-from core.contracts import Sample, Turn, TurnType
+from core.contracts import Sample, Skill, Turn, TurnType
 from evolve.bank import BatchResult, SkillBank
 from evolve.evolvers import EvolveError, Evolver, Failure
+from evolve.scopes import GLOBAL, private_name, scope_of, tenant_scope, visible
+from evolve.skill_md import content_key
 
 log = logging.getLogger(__name__)
 MAX_OBSERVED_IDS = 100_000  # sample ids remembered to ignore re-deliveries
@@ -110,6 +113,15 @@ def _text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
+def by_scope(failures: Sequence[Failure], level: str,
+             groups: dict[str, list[str]] | None = None) -> dict[str, list[Failure]]:
+    """Failures by the scope their lesson is written at (`evolver.scope`), in first-seen order."""
+    out: dict[str, list[Failure]] = {}
+    for f in failures:
+        out.setdefault(tenant_scope(f.tenant, level, groups), []).append(f)
+    return out
+
+
 def failure_from(turn: Turn, sample: Sample) -> Failure:
     """The evolver's view of a failed turn: last user message, reply, and the next state as text."""
     user = next((m for m in reversed(turn.messages) if m.get("role") == "user"), {})
@@ -120,7 +132,8 @@ def failure_from(turn: Turn, sample: Sample) -> Failure:
             for c in turn.tool_calls)
     feedback = "\n".join(_text(m.get("content")) for m in (turn.next_state or []))
     return Failure(instruction=_text(user.get("content")), response=response, feedback=feedback,
-                   reward=float(sample.reward), session_id=turn.session_id, sample_id=sample.sample_id)
+                   reward=float(sample.reward), session_id=turn.session_id, sample_id=sample.sample_id,
+                   tenant=turn.tenant)
 
 
 class EvolutionLoop:
@@ -250,8 +263,14 @@ class EvolutionLoop:
             return None
         self.reconcile()
         budget = max(self.fence_ttl - FENCE_SLACK_S, self.fence_ttl / 2)
+        deadline = time.monotonic() + budget
+        skills: list[Skill] = []
         try:
-            skills = await asyncio.wait_for(self.evolver.evolve(failures, list(self.bank.skills())), budget)
+            for scope, group in by_scope(failures, self.cfg.scope, self.bank.cfg.groups).items():
+                seen = [s for s in self.bank.skills() if scope == GLOBAL or visible(s, frozenset({scope}))]
+                out = await asyncio.wait_for(self.evolver.evolve(group, seen),
+                                             max(deadline - time.monotonic(), 0.001))
+                skills += [self._scoped(s, scope) for s in out]
         except EvolveError as e:
             self._rejected(report, str(e))
             return None
@@ -274,6 +293,19 @@ class EvolutionLoop:
             return None
         self.counters["evolutions_accepted"] += 1
         return result
+
+    def _scoped(self, skill: Skill, scope: str) -> Skill:
+        """A produced skill as the lesson of `scope`: a new one gets the scope; one that would change a
+        skill of another scope (a global one, another user's) becomes a new skill of this scope instead,
+        under a name of its own, so one user's failure never rewrites what others are served."""
+        if scope == GLOBAL:
+            return skill
+        old = self.bank.get(skill.name)
+        if old is not None and (scope_of(old) == scope
+                                or (scope_of(old) == GLOBAL and content_key(old) == content_key(skill))):
+            return skill  # its own skill refined, or a global lesson it already had (a metadata-only merge)
+        name = skill.name if old is None else private_name(skill.name, scope, self.bank.names())
+        return skill.model_copy(update={"name": name, "metadata": {**skill.metadata, "scope": scope}})
 
     def reconcile(self, floor: int = 0) -> int:
         """Keep the generation monotonic: when the skills folder went back (wiped or replaced: its

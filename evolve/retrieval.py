@@ -13,10 +13,11 @@ which returns the skills together with the generation of the library they came f
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -25,9 +26,11 @@ from core.config import SkillsConfig
 from core.contracts import Skill
 from evolve.bank import SkillBank
 from evolve.embedding import Embedder, EmbeddingCache, SentenceEmbedder
+from evolve.scopes import split_by_scope
 from evolve.skill_md import content_key
 from evolve.text import GENERAL_CATEGORIES, detect_task_type, tokenize
 
+log = logging.getLogger(__name__)
 
 class Retriever(Protocol):
     def build(self, skills: Sequence[Skill]) -> object:
@@ -241,11 +244,18 @@ def render_skills_block(skills: Sequence[Skill]) -> str:
 
 @dataclass(frozen=True)
 class LibrarySnapshot:
-    """One built library: the bank version and skill generation it was read at, and its index."""
+    """One built library: the bank version and skill generation it was read at, and its index (of the
+    global skills). Private skills (evolve/scopes.py) are kept by scope; an index over the private skills
+    a request can see is built on first use and cached with the snapshot."""
 
     version: int
     generation: int
-    index: object  # what `Retriever.build` returned for that library
+    index: object  # what `Retriever.build` returned for the library's global skills
+    private: dict[str, tuple[Skill, ...]] = field(default_factory=dict)  # scope -> its skills
+    scoped: dict[tuple[str, ...], object] = field(default_factory=dict)  # scopes -> index of their skills
+
+
+MAX_SCOPED_INDEXES = 4096  # private indexes cached per library snapshot (one per distinct set of scopes)
 
 
 class SkillSearch:
@@ -265,6 +275,9 @@ class SkillSearch:
         if cfg.retrieval == "embedding" and embedder is None:
             embedder = bank.cache or SentenceEmbedder(cfg.embedding_model, encoder=cfg.embedding_encoder)
         self.retriever = make_retriever(cfg.retrieval, embedder)
+        # Private skills are indexed by a retriever of their own: building a small index must not prune the
+        # global one's caches (template retrieval), and an index is only searched by its own retriever.
+        self._own = make_retriever(cfg.retrieval, getattr(self.retriever, "cache", None))
         self._snapshot = LibrarySnapshot(-1, 0, None)
         self._checked_at = float("-inf")
         self._refreshing = threading.Lock()  # one rebuild at a time (retrievers' caches are not thread-safe)
@@ -292,21 +305,50 @@ class SkillSearch:
             version, generation, skills = self.bank.snapshot()
             if version == self._snapshot.version:
                 return False
-            self._snapshot = LibrarySnapshot(version, generation, self.retriever.build(skills))
+            shared, private, bad = split_by_scope(skills)
+            if bad:
+                log.warning("skills with an invalid metadata.scope are served to no one: %s", ", ".join(bad[:10]))
+            self._snapshot = LibrarySnapshot(version, generation, self.retriever.build(shared),
+                                             {k: tuple(v) for k, v in private.items()})
             return True
         finally:
             self._refreshing.release()
 
-    def lookup(self, query: str, top_k: int | None = None,
-               task_specific_top_k: int | None = None) -> tuple[list[Skill], int]:
-        """(skills for `query`, the generation of the library they came from), from one snapshot."""
+    def lookup(self, query: str, top_k: int | None = None, task_specific_top_k: int | None = None,
+               scopes: frozenset[str] | None = None) -> tuple[list[Skill], int]:
+        """(skills for `query`, the generation of the library they came from), from one snapshot.
+        `scopes`: the private scopes the request sees (evolve/scopes.py `request_scopes`); their skills
+        rank first, then the global ones, `top_k + task_specific_top_k` in all. None: global skills only."""
         snap = self._snapshot  # read once: skills and generation of the same library
         if not self.cfg.enabled or snap.index is None:
             return [], snap.generation
         k = self.cfg.top_k if top_k is None else top_k
         tk = self.cfg.task_specific_top_k if task_specific_top_k is None else task_specific_top_k
-        return self.retriever.retrieve(query, k, tk, index=snap.index), snap.generation
+        keys = tuple(sorted(x for x in scopes or () if x in snap.private))
+        if not keys:  # the common case: no private skill for this request
+            return self.retriever.retrieve(query, k, tk, index=snap.index), snap.generation
+        own_index = snap.scoped.get(keys)
+        if own_index is None:
+            own_index = self._build_scoped(snap, keys)
+        if isinstance(self.retriever, EmbeddingRetriever):  # encode the query once for both searches
+            vec = self.retriever.encode(query)
+            own = self._own.retrieve_vector(vec, k, tk, own_index)  # type: ignore[attr-defined]
+            shared = self.retriever.retrieve_vector(vec, k, tk, snap.index)
+        else:
+            own = self._own.retrieve(query, k, tk, index=own_index)
+            shared = self.retriever.retrieve(query, k, tk, index=snap.index)
+        names = {s.name for s in own}
+        return [*own, *(s for s in shared if s.name not in names)][: k + tk], snap.generation
 
-    def retrieve(self, query: str, top_k: int | None = None,
-                 task_specific_top_k: int | None = None) -> list[Skill]:
-        return self.lookup(query, top_k, task_specific_top_k)[0]
+    def _build_scoped(self, snap: LibrarySnapshot, keys: tuple[str, ...]) -> object:
+        with self._refreshing:  # retrievers' caches are not thread-safe
+            index = snap.scoped.get(keys)
+            if index is None:
+                if len(snap.scoped) >= MAX_SCOPED_INDEXES:
+                    snap.scoped.clear()
+                index = snap.scoped[keys] = self._own.build([s for key in keys for s in snap.private[key]])
+            return index
+
+    def retrieve(self, query: str, top_k: int | None = None, task_specific_top_k: int | None = None,
+                 scopes: frozenset[str] | None = None) -> list[Skill]:
+        return self.lookup(query, top_k, task_specific_top_k, scopes)[0]

@@ -163,12 +163,17 @@ def render_skill_md(skill: Skill) -> str:
 
 
 def content_key(skill: Skill) -> str:
-    """Hash of what a reader sees (name, description, category, body); metadata excluded.
+    """Hash of what a reader sees (name, description, category, body) and who sees it (a scope other than
+    global, evolve/scopes.py); other metadata excluded.
 
-    Two skills with the same key inject the same text, so a change of key is a change of the library.
+    Two skills with the same key inject the same text to the same requests, so a change of key is a change
+    of the library (a new scope too: it bumps the generation like a new text).
     """
     h = hashlib.sha256()
     for part in (skill.name, skill.description, skill.category, skill.body.strip()):
         h.update(part.encode("utf-8"))
         h.update(b"\x00")
+    scope = skill.metadata.get("scope")
+    if scope not in (None, "", "global"):
+        h.update(f"scope={scope}".encode())
     return h.hexdigest()

@@ -62,7 +62,10 @@ def demo_config(cfg: ClawrayConfig, storage_root: Path | None = None) -> Clawray
     data["proxy"]["session_idle_timeout_s"] = 60
     data["scheduler"].update(mode="auto", sleep_start=None, sleep_end=None, idle_minutes=0.5,
                              min_window_minutes=0, poll_s=1)
-    data["evolver"].update(every_n_turns=0, on_session_end=False, failure_rate_threshold=1.0)
+    data["evolver"].update(every_n_turns=0, on_session_end=False, failure_rate_threshold=1.0, scope="group")
+    # The simulated users are one team (a skill group): the pilot's lessons are served to the whole team,
+    # and to no one else (evolve/scopes.py).
+    data["skills"]["groups"] = {**data["skills"].get("groups", {}), "team": list(USERS)}
     data["train"].update(min_fresh_samples=4, max_steps_per_window=3, batch_size=8)
     return config_from_dict(data, "demo")
 

@@ -125,24 +125,27 @@ class SkillInjector:
                     log.info("skill library readable again (version %d)", self.reader.version)
                 self._failing = False
 
-    async def inject(self, body: dict[str, Any], anthropic: bool,
-                     fits: Callable[[str], bool] | None = None) -> tuple[list[str], int]:
+    async def inject(self, body: dict[str, Any], anthropic: bool, fits: Callable[[str], bool] | None = None,
+                     tenant: str | None = None) -> tuple[list[str], int]:
         """Inject into `body` in place; returns (injected skill names, skill generation). `fits`: whether a
-        skills block still fits the context (serve/context_manager.py `skill_fits`); None: no limit."""
+        skills block still fits the context (serve/context_manager.py `skill_fits`); None: no limit.
+        `tenant` ("<user>/<workspace>"): its private skills are served too (evolve/scopes.py)."""
         from evolve.retrieval import render_skills_block
+        from evolve.scopes import request_scopes
 
         query = last_user_text(body.get("messages") or [])
+        scopes = request_scopes(tenant, self.cfg.groups) if tenant else None
         if self.cfg.retrieval == "embedding":  # query encoding is CPU work: keep it off the loop
-            skills, generation = await asyncio.to_thread(self._retrieve, query)
+            skills, generation = await asyncio.to_thread(self._retrieve, query, scopes)
         else:
-            skills, generation = self._retrieve(query)
+            skills, generation = self._retrieve(query, scopes)
         if skills and fits is not None:
             skills = fit_skills(skills, fits, render_skills_block)
         if skills:
             add_to_system(body, render_skills_block(skills), anthropic)
         return [s.name for s in skills], generation
 
-    def _retrieve(self, query: str) -> tuple[list, int]:
+    def _retrieve(self, query: str, scopes: frozenset[str] | None = None) -> tuple[list, int]:
         """(skills, their generation) from ONE library snapshot: a refresh landing between two separate
         reads would pair one library's skills with another's generation (issue 12 item 8)."""
         search = self.search  # read once: a snapshot swapped in meanwhile is used from the next request
@@ -150,4 +153,4 @@ class SkillInjector:
             search.refresh()  # a bucket snapshot never changes: its reader swaps whole searches instead
         if not query:
             return [], search.generation  # nothing injected: any current generation is the truth
-        return search.lookup(query)
+        return search.lookup(query, scopes=scopes)

@@ -149,7 +149,7 @@ class ProxyImpl:
             mark = self.memory.mark(view, api.anthropic) if self.memory is not None else 0
             if self.injector is not None:
                 fits = self.context.skill_fits(room) if room is not None else None
-                skills, generation = await self.injector.inject(view, api.anthropic, fits)
+                skills, generation = await self.injector.inject(view, api.anthropic, fits, meta.tenant)
             if self.memory is not None:  # after skills: memory gets the budget they left
                 ids, _ = await self.memory.inject(view, api.anthropic, meta.tenant, meta.session_id,
                                                   meta.memory_scope, mark, room)

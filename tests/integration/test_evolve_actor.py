@@ -13,6 +13,7 @@ from core.contracts import Sample, Turn
 from evolve.actor import get_or_create_evolver
 from evolve.bank import SkillBank
 from evolve.retrieval import SkillSearch
+from evolve.scopes import request_scopes
 
 FEEDBACK = "[Previous Feedback] You must create config.json.bak before modifying config.json."
 
@@ -85,7 +86,7 @@ def test_failing_session_evolves_a_skill_and_bumps_the_generation(ray_cluster, r
         # The read side (what the Proxy uses) sees the new skill for the next request.
         search = SkillSearch(SkillBank(tmp_path / "skills", skills_cfg), skills_cfg)
         assert search.generation == 1
-        names = [s.name for s in search.retrieve("modify settings.json please")]
+        names = [s.name for s in search.retrieve("modify settings.json please", scopes=request_scopes("default/default"))]
         assert "create-config-json-bak-before-modifying" in names
         assert (tmp_path / "skills" / "create-config-json-bak-before-modifying" / "SKILL.md").is_file()
     finally:

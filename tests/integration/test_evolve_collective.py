@@ -97,6 +97,33 @@ def test_the_gate_rejects_what_the_real_engine_does_not_improve(sessions, serve_
     assert bank.version_of(SEED.name) == version
 
 
+def test_each_users_lessons_are_served_to_that_user_only(sessions, serve_app, openai_client):
+    """The fast loop wrote each failing session's lesson private to its user (evolver.scope: user): the
+    next turn of that user gets it, another user's never does (an adversarial id included)."""
+    bank, _, _, sids = sessions
+    cfg = serve_app["config"]
+
+    def lessons_of(user: str) -> set[str]:
+        bank.reload()
+        return {s.name for s in bank.skills() if s.metadata.get("scope") == f"user:{user}"
+                and sids[user] in (s.metadata.get("origin_sessions") or [])}
+
+    owned = {u: wait_for(lambda u=u: lessons_of(u), 60) for u in USERS}
+    assert all(owned.values()), owned
+    assert not set.intersection(*owned.values())  # one user's lesson is not another's skill
+    time.sleep(cfg.skills.refresh_s + 0.5)
+    for user in [*USERS, "mallory", "Alice", "alice ", "bob alice"]:  # ids are compared exactly
+        sid = f"scope-{uuid.uuid4().hex[:6]}"
+        openai_client.chat.completions.create(
+            model="clawray-policy", max_tokens=4, messages=[{"role": "user", "content": QUESTION}],
+            extra_headers={"X-Session-Id": sid, "X-User-Id": user, "X-Session-Done": "1"})
+        (turn,) = app_turns(serve_app, sid)
+        others = set().union(*(v for u, v in owned.items() if u != user))
+        assert not others & set(turn.skills), (user, turn.skills)
+        if user in owned:
+            assert owned[user] & set(turn.skills), (user, turn.skills)
+
+
 def _rule_follower():
     async def generate(messages: list[dict], max_tokens: int) -> str:
         system = messages[0]["content"] if messages[0]["role"] == "system" else ""

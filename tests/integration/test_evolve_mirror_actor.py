@@ -12,6 +12,7 @@ from core.config import REPO_ROOT, EvolverConfig, SkillsConfig
 from core.names import DEFAULT_NAMESPACE as NAMESPACE
 from evolve.actor import Evolver
 from evolve.mirror import SkillMirror, SnapshotReader
+from evolve.scopes import request_scopes
 from tests.integration.test_evolve_actor import FEEDBACK, turn_and_sample
 from tests.servers import S3_ENV
 from tests.unit.test_evolve_mirror import make_bucket
@@ -48,7 +49,7 @@ def test_an_evolver_on_another_host_continues_the_library_in_the_bucket(ray_clus
         ray.kill(first, no_restart=True)
     reader = SnapshotReader(root, tmp_path / "proxy-host" / "skills-snapshots", CFG)
     assert (reader.version, reader.generation) == (1, 1)
-    assert "create-config-json-bak-before-modifying" in [s.name for s in reader.search.retrieve("config.json")]
+    assert "create-config-json-bak-before-modifying" in [s.name for s in reader.search.retrieve("config.json", scopes=request_scopes("default/default"))]
 
     second = start("host-b")  # an empty skills folder
     try:

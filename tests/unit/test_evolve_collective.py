@@ -189,3 +189,11 @@ def test_validator_replays_current_and_candidate_and_grades_both():
 
     v = asyncio.run(Validator(GateConfig(), generate, ungradable).validate(rule, None, tasks, held))
     assert not v.approved and v.ungraded == 4 and "min_results" in v.reason
+
+
+def test_a_lesson_only_private_skills_state_is_created_for_everyone():
+    two = summarise_all([ev("u1", 0, -1.0, DATES, tenant="alice/w"), ev("u2", 0, -1.0, DATES, tenant="bob/w")])
+    private = Skill(name="date-format", description="Dates must be written as YYYY-MM-DD in every report.", body="x",
+                    metadata={"scope": "user:alice"})
+    d = decide(NO_SKILL, two, [private], min_sessions=2)
+    assert d.action == "create" and d.candidate.metadata["scope"] == "global" and d.candidate.name != "date-format"
