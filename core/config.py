@@ -226,6 +226,7 @@ class CollectiveConfig(Section):
     max_rows: int = Field(default=5000, ge=1)  # evidence rows read per run
     cas_retries: int = Field(default=3, ge=0)  # a publish that lost a race is decided again on the new base
     gate: GateConfig = Field(default_factory=GateConfig)
+    llm: LLMEndpoint | None = None  # decides per group (evolve/collective_llm.py); None: evolver.llm, else offline
 
 
 class EvolverConfig(Section):

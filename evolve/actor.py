@@ -138,7 +138,8 @@ class Evolver:
 
             omls = tuple(collective["omls"]) if collective.get("omls") else None
             self._collective = CollectiveRunner(self._bank, evolver_cfg.collective, collective["storage_root"],
-                                                collective.get("state"), self._replay, collective.get("gate"), omls)
+                                                collective.get("state"), self._replay, collective.get("gate"), omls,
+                                                evolver_cfg.llm)
         # Each at 0 from the start: a first rejection must show as an increase (core/metrics.py).
         self._counters = {k: zero_counter(c) for k, c in {
             "evolutions_triggered": Counter("clawray_evolutions_triggered_total", "Evolutions started."),

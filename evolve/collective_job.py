@@ -46,6 +46,7 @@ class JobReport:
     job: str
     rows: int = 0
     sessions: int = 0
+    session_ids: list[str] = field(default_factory=list)
     groups: int = 0
     decisions: list[dict[str, Any]] = field(default_factory=list)  # action, skill, published, reason
     published: list[str] = field(default_factory=list)
@@ -62,8 +63,10 @@ class CollectiveJob:
     """See the module docstring. `validator` None = the gate is off (GateConfig.enabled false)."""
 
     def __init__(self, bank: SkillBank, store: EvidenceStore, cursor: KVStore, cfg: CollectiveConfig,
-                 validator: Validator | None, replay: ReplayLink | None = None, name: str = "collective"):
+                 validator: Validator | None, replay: ReplayLink | None = None, name: str = "collective",
+                 decider: Any = None):
         self.bank, self.store, self.cursor, self.cfg = bank, store, cursor, cfg
+        self.decider = decider  # evolve/collective_llm.py LLMDecider; None: the offline decisions
         self.validator, self.replay, self.name = validator, replay or NoReplay(), name
         if cfg.gate.enabled and validator is None:
             raise ValueError("the validation gate is on (evolver.collective.gate.enabled) but no validator was given")
@@ -84,6 +87,7 @@ class CollectiveJob:
         self.bank.reload()
         groups = group_by_skill(sessions, self.bank.names())
         report.sessions, report.groups = len(sessions), len(groups)
+        report.session_ids = [s.session_id for s in sessions]
         for group, members in groups.items():
             await self._group(report, group, members, last)
         try:
@@ -130,9 +134,13 @@ class CollectiveJob:
     async def _group(self, report: JobReport, group: str, members: list[SessionSummary], last_seq: int) -> None:
         for attempt in range(self.cfg.cas_retries + 1):
             self.bank.reload()
-            d = decide(group, members, self.bank.skills(), min_sessions=self.cfg.min_sessions)
+            library = self.bank.skills()
+            bases = {s.name: self.bank.version_of(s.name) for s in library}  # read with the library, before any await
+            d = decide(group, members, library, min_sessions=self.cfg.min_sessions)
+            if self.decider is not None and (d.action != "skip" or any(s.failures for s in members)):
+                d = await self.decider.decide(group, members, library, d)
             if d.candidate is not None and d.action != "create":
-                d.base_version = self.bank.version_of(d.candidate.name)  # the bank's counter: what CAS compares
+                d.base_version = bases.get(d.candidate.name, 0)  # the bank's counter: what CAS compares
             if d.action == "skip" or d.candidate is None:
                 self._record(report, d, None, False, d.summary)
                 return

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from core import names
-from core.config import CollectiveConfig
+from core.config import CollectiveConfig, LLMEndpoint
 from core.contracts import Sample, Turn, TurnType
 from core.kv import control_store
 from evolve.bank import SkillBank
@@ -80,7 +80,8 @@ class CollectiveRunner:
     off)."""
 
     def __init__(self, bank: SkillBank, cfg: CollectiveConfig, storage_root: str, state: dict | None,
-                 replay: ReplayLink, gate: dict[str, Any] | None, omls: tuple[str, str] | None = None):
+                 replay: ReplayLink, gate: dict[str, Any] | None, omls: tuple[str, str] | None = None,
+                 llm: LLMEndpoint | None = None):
         self.cfg, self.bank, self.omls = cfg, bank, omls
         self.store = EvidenceStore(Path(storage_root), state)
         validator = None
@@ -88,7 +89,14 @@ class CollectiveRunner:
             eng = gate["engine"]
             validator = Validator(cfg.gate, ServeGenerate(eng["deployment"], eng["app"], eng["model"], cfg.gate.timeout_s),
                                   PrmGrade(list(gate["prms"]), gate["namespace"], cfg.gate.timeout_s))
-        self.job = (CollectiveJob(bank, self.store, control_store(storage_root, state), cfg, validator, replay)
+        decider = None
+        if cfg.llm or llm:
+            from core.llm import LLMClient
+            from evolve.collective_llm import LLMDecider
+
+            decider = LLMDecider(LLMClient(cfg.llm or llm))
+        self.job = (CollectiveJob(bank, self.store, control_store(storage_root, state), cfg, validator, replay,
+                                  decider=decider)
                     if validator is not None or not cfg.gate.enabled else None)
         self._running = asyncio.Lock()
         self._task: asyncio.Task | None = None

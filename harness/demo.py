@@ -9,6 +9,8 @@ Each day of the workload is played by a small team through the real proxy:
   evening    the users go quiet; OMLS's inactivity signal opens a window by itself; the Controller runs
              GRPO on Ray Train over the fresh query samples; each step publishes `policy-vNNNN` and
              hot-swaps it into serving;
+  night      the collective job looks at every user's sessions of the day, decides per skill group and
+             replays its candidates through the engine behind the validation gate (docs/collective.md);
 and the next day is served by that adapter and the grown library.
 
 Why evolution happens at midday and not at every session end: MetaClaw trains only on samples served
@@ -66,6 +68,7 @@ def demo_config(cfg: ClawrayConfig, storage_root: Path | None = None) -> Clawray
     # The simulated users are one team (a skill group): the pilot's lessons are served to the whole team,
     # and to no one else (evolve/scopes.py).
     data["skills"]["groups"] = {**data["skills"].get("groups", {}), "team": list(USERS)}
+    data["evolver"]["collective"]["gate"]["max_tokens"] = 24  # the demo's replies are 24 tokens (driver.py)
     data["train"].update(min_fresh_samples=4, max_steps_per_window=3, batch_size=8)
     return config_from_dict(data, "demo")
 
@@ -118,6 +121,7 @@ class Demo:
         self.support_ids: set[str] = set()
         self.runs_before_evening, self.evening_at = 0, time.time()  # set again when the users go home
         self.memory_md = "## Memory\n\nNot collected: the run stopped before the end of the last day.\n"
+        self.by_user: dict[str, dict[str, float | None]] = {}  # user -> day -> mean reward
 
     # ---- observation ------------------------------------------------------------------------------
 
@@ -199,6 +203,9 @@ class Demo:
         replay = self._replay()
         progress.update(task, description=f"{day.id}: done")
         s = summarize(results)
+        for u in USERS:  # per user and day: the multi-user view of the report
+            mine = [r.score for r in results if r.user == u]
+            self.by_user.setdefault(u, {})[day.id] = sum(mine) / len(mine) if mine else None
         return {"day": day.id, "mean_score": s["mean_score"], "passed": f"{s['passed']}/{s['rounds']}",
                 "errors": s["errors"], "skills": skills["skills"], "generation": skills["generation"],
                 "adapter": self._day_adapters(day.id), "support": replay["by_state"].get("support", 0),
@@ -303,6 +310,7 @@ class Demo:
                         adapters = run.get("adapters") or []
                         row.update(trained=run.get("trained", 0), steps=run.get("steps", 0),
                                    new_adapters=f"{len(adapters)}, last {adapters[-1]}" if adapters else "-")
+                        self.collective(progress, [f"{u}-{day.id}" for u in USERS])
                     if i == 1:
                         self.ev.day2_adapters = [t.adapter_version for t in
                                                  self._turns([f"{u}-{day.id}" for u in USERS])]
@@ -315,6 +323,20 @@ class Demo:
             with self.console.status("stopping clawray"):
                 stop_system(self.cfg)
         return self.verdicts()
+
+    def collective(self, progress: Progress, sessions: list[str]) -> None:
+        """Night: the collective job over every user's sessions of the day (docs/collective.md): groups by
+        skill, decisions, the validation gate's replays through the engine (stage `collective`)."""
+        task = progress.add_task("night: collective evolution over every user's sessions (validation gate)",
+                                 total=None)
+        report = ray.get(self._h(names.EVOLVER).collective_run.remote())
+        self.ev.collective_sessions = sorted(set(sessions) & set(report.get("session_ids", [])))
+        self.ev.collective_groups = report["groups"]
+        self.ev.collective_decisions = [f"{d['group']}: {d['action']} -> {d['outcome'][:90]}"
+                                        for d in report["decisions"]]
+        self.ev.collective_published = list(report["published"])
+        progress.update(task, description=f"night: {report['groups']} group(s) decided, "
+                        f"{len(report['published'])} published", total=1, completed=1)
 
     def remember(self, progress: Progress) -> None:
         """What long-term memory kept of each user (stage `memory`), once ingestion caught up with the
@@ -360,6 +382,16 @@ class Demo:
         for row in self.rows:
             t.add_row(*[f"{row[k]:.3f}" if isinstance(row.get(k), float) else str(row.get(k, "-")) for _, k in cols])
         self.console.print(t)
+        u = Table(title="mean reward per user and day (collective evolution on; the gate decides what is shared)")
+        u.add_column("user")
+        days = [r["day"] for r in self.rows]
+        for d in days:
+            u.add_column(d)
+        for user, by_day in self.by_user.items():
+            u.add_row(user, *[f"{by_day[d]:.3f}" if by_day.get(d) is not None else "-" for d in days])
+        self.console.print(u)
+        if self.ev.collective_decisions:
+            self.console.print("collective job (night 1): " + "; ".join(self.ev.collective_decisions[:8]))
 
 
 def run_demo(cfg: ClawrayConfig, workload: Path | None = None, console: Console | None = None, *,

@@ -21,6 +21,7 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("hot_swap", "the window published an adapter and serving activated it"),
     ("next_day", "day 2 was served by that adapter"),
     ("memory", "every simulated user's sessions left long-term memories, each user's only in their own scope"),
+    ("collective", "the collective job decided over every user's sessions of day 1, behind its validation gate"),
 )
 
 
@@ -50,6 +51,10 @@ class Evidence:
     day2_adapters: list[str | None] = field(default_factory=list)  # adapter_version of each day-2 turn
     users: list[str] = field(default_factory=list)  # the simulated users
     memory_by_user: dict[str, int] = field(default_factory=dict)  # active memory units per user id
+    collective_sessions: list[str] | None = None  # day-1 sessions the collective job read (None: it never ran)
+    collective_groups: int = 0
+    collective_decisions: list[str] = field(default_factory=list)  # "group: action -> outcome"
+    collective_published: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,6 +109,11 @@ def _checks(e: Evidence) -> dict[str, tuple[bool, str]]:
                    ", ".join(f"{u}: {e.memory_by_user.get(u, 0)}" for u in e.users) + " unit(s)"
                    + (f"; units of unknown users {sorted(set(e.memory_by_user) - set(e.users))}"
                       if set(e.memory_by_user) - set(e.users) else "")),
+        "collective": (e.collective_sessions is not None and len(e.collective_sessions) == len(e.users) > 0
+                       and e.collective_groups > 0 and len(e.collective_decisions) >= e.collective_groups,
+                       "never ran" if e.collective_sessions is None else
+                       f"{len(e.collective_sessions)}/{len(e.users)} users' sessions, {e.collective_groups} group(s), "
+                       f"{len(e.collective_decisions)} decision(s), published {e.collective_published or 'none'}"),
     }
 
 

@@ -124,6 +124,29 @@ def test_each_users_lessons_are_served_to_that_user_only(sessions, serve_app, op
             assert owned[user] & set(turn.skills), (user, turn.skills)
 
 
+def test_the_llm_decider_on_the_real_engine_falls_back_to_the_rule_based_decision(sessions, serve_app, tmp_path):
+    """The decider's requests go to the served model (the engine deployment, no capture), which cannot
+    write a decision object: after its retries the rule-based decision stands, recorded as such, and the
+    gate (replays through vLLM, graded by the PRM) still decides."""
+    from evolve.collective_llm import LLMDecider
+    from evolve.collective_runner import ServeGenerate
+    from rewards.engine_judge import EngineJudge
+
+    bank, store, first, _ = sessions
+    cfg = serve_app["config"]
+    kv = KVStore(tmp_path / "cursor.db")
+    kv.put(CURSOR_KEY, {"seq": first}, 0)
+    ccfg = CollectiveConfig(gate=GateConfig(held_back=0, max_tokens=16))
+    grade = PrmGrade([names.prm_name(i) for i in range(cfg.rewards.pool_size)], cfg.ray.namespace, 60.0)
+    validator = Validator(ccfg.gate, ServeGenerate(names.ENGINE, names.APP, cfg.model.served_name, 120.0), grade)
+    judge = EngineJudge(names.ENGINE, names.APP, cfg.model.served_name)
+    job = CollectiveJob(bank, store, kv, ccfg, validator, decider=LLMDecider(judge, max_tokens=48))
+    report = asyncio.run(job.run())
+    (d,) = [d for d in report.decisions if d["group"] == SEED.name]
+    assert "the LLM decider failed" in d["summary"] and not d["published"], d
+    assert judge.usage.calls == 3  # every attempt reached vLLM
+
+
 def _rule_follower():
     async def generate(messages: list[dict], max_tokens: int) -> str:
         system = messages[0]["content"] if messages[0]["role"] == "system" else ""

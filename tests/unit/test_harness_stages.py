@@ -12,7 +12,9 @@ def closed_loop() -> Evidence:
                     generation_after=1, skills_after=3, support=5, fresh_before_window=9, min_fresh_samples=4,
                     steps=2, trained_ids=["a", "b"], adapters=["policy-v0001", "policy-v0002"],
                     active_after_window="policy-v0002", day2_adapters=["policy-v0002"] * 4,
-                    users=["mei", "raj"], memory_by_user={"mei": 3, "raj": 1})
+                    users=["mei", "raj"], memory_by_user={"mei": 3, "raj": 1},
+                    collective_sessions=["mei-day01", "raj-day01"], collective_groups=2,
+                    collective_decisions=["x: refine -> rejected by the gate: ...", "(no skill): skip -> ..."])
 
 
 def test_a_closed_loop_passes_every_stage_in_order():
@@ -37,6 +39,9 @@ def test_a_closed_loop_passes_every_stage_in_order():
     ({"day2_adapters": ["policy-v0002", None]}, "next_day"),
     ({"memory_by_user": {"mei": 3}}, "memory"),  # raj remembered nothing
     ({"memory_by_user": {"mei": 3, "raj": 1, "default": 2}}, "memory"),  # units outside the users' scopes
+    ({"collective_sessions": None}, "collective"),  # the job never ran
+    ({"collective_sessions": ["mei-day01"]}, "collective"),  # raj's session was not read
+    ({"collective_decisions": []}, "collective"),
 ])
 def test_a_missing_stage_is_named(change, stage):
     ev = closed_loop()
