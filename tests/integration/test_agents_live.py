@@ -280,3 +280,25 @@ def test_real_agent_works_through_clawray(live, tok, tmp_path: Path, name: str):
             assert turn.next_state and {t.session_id for t in later} == {turn.session_id}, (i, turn.next_state)
     others = {t.session_id for t in session_turns(live["state"]) if t.turn_id in before}
     assert not others & {t.session_id for t in turns}  # never merged with another agent's sessions
+
+
+def test_claude_code_compaction_probe(live, tmp_path: Path):  # EXPERIMENT: what does /compact send?
+    agent = get("claude-code")
+    binary = installed(agent)
+    home = tmp_path / "home"
+    home.mkdir()
+    target = Target(origin=f"http://127.0.0.1:{AGENT_PORT}", api_key=PLACEHOLDER_KEY, key_env=None,
+                    model="clawray-policy", context_window=CONTEXT, headers={"X-User-Id": "live-compact"})
+    apply.setup(agent, home, {}, target)
+    args, _ = RUNS["claude-code"]
+    out1, ex1 = run_agent(binary, args, home, live["port"])
+    out2, ex2 = run_agent(binary, ["--continue", "-p", "/compact"], home, live["port"])
+    for e in ex1 + ex2:
+        req = e.get("request") or {}
+        sysp = req.get("system")
+        sys_text = json.dumps(sysp)[:300] if sysp else ""
+        msgs = req.get("messages") or []
+        last = json.dumps(msgs[-1])[:400] if msgs else ""
+        print("\nEX", e["method"], e["path"], e["status"], "max_tokens", req.get("max_tokens"), "tools", len(req.get("tools") or []),
+              "\n  SYS", sys_text, "\n  LAST", last)
+    print("OUT2", out2[-1500:])
