@@ -43,6 +43,19 @@ def test_status_when_not_running_gives_a_hint(tmp_path):
     assert r.returncode == 2 and "not running" in r.stdout and "clawray start" in r.stdout
 
 
+def test_the_collective_commands_say_what_is_wrong_without_a_cluster(tmp_path):
+    cfg = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
+    cfg["storage_root"] = str(tmp_path / "state")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    r = _cli("skills", "-c", str(path), "evolve", timeout=60)
+    assert r.returncode == 1 and "pass --now" in r.stdout + r.stderr
+    r = _cli("skills", "-c", str(path), "evolve", "--now", timeout=60)
+    assert r.returncode == 1 and "not running" in r.stdout + r.stderr and "Traceback" not in r.stdout + r.stderr
+    r = _cli("skills", "-c", str(path), "promote", "x-y", "--to", "everyone", timeout=60)
+    assert r.returncode == 1 and "invalid skill scope" in r.stdout + r.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.cluster  # a whole `clawray start` cluster of its own (~3 min on 2 cores): `make test-cluster`
 def test_start_status_stop_round_trip(tmp_path):
@@ -65,6 +78,14 @@ def test_start_status_stop_round_trip(tmp_path):
         assert st["omls"]["state"] == "idle_wait"
         assert st["skills"]["generation"] == 0 and st["replay"]["total"] == 0
         assert st["controller"]["mode"] == "auto" and st["controller"]["running"] is False
+        # The collective job of the running system (docs/collective.md): nothing to decide yet.
+        r = _cli("skills", "-c", str(path), "evolve", "--now", "--json", timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert json.loads(r.stdout)["skipped_reason"] == "no new sessions since the last run"
+        r = _cli("skills", "-c", str(path), "decisions", "--json", timeout=120)
+        assert r.returncode == 0 and json.loads(r.stdout) == [], r.stdout + r.stderr
+        r = _cli("skills", "-c", str(path), "promote", "nope", "--to", "global", timeout=120)
+        assert r.returncode == 1 and "no skill named 'nope'" in r.stdout + r.stderr, r.stdout + r.stderr
     finally:
         r = _cli("stop", "-c", str(path), timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
