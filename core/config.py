@@ -183,6 +183,9 @@ class ProxyConfig(Section):
     # on the head (one address; also what several Ray nodes on one machine need: one port per host).
     ingress: Literal["every_node", "head_only"] = "every_node"
     context: ContextConfig = Field(default_factory=ContextConfig)  # long sessions: fitted, not refused
+    # A request without X-Turn-Type whose last user message contains one of these is a side turn (served,
+    # never trained on): agents' own auxiliary requests (serve/turns.py AGENT_SIDE_MARKERS; docs/agents.md).
+    side_markers: list[str] | None = None  # None: the built-in markers, seen in real agents' traffic
 
 
 class SkillsConfig(Section):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,18 +120,40 @@ def derive_session_id(tenant: str, client_key: str, messages: list[dict[str, Any
     return f"derived-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]}"
 
 
+# Auxiliary requests real agents send besides their main loop, by a phrase of their own prompt, each seen
+# in the agent's live traffic through clawray (tests/integration/test_agents_live.py). Their turns are
+# side turns: served (skills are not injected), never trained on, not the conversation's next state.
+AGENT_SIDE_MARKERS: tuple[str, ...] = (
+    # Claude Code's conversation compaction (`/compact`, and automatic compaction near the context limit).
+    "Your task is to create a detailed summary of the conversation so far",
+)
+
+
+def side_marker(messages: list[dict[str, Any]], markers: Sequence[str] = AGENT_SIDE_MARKERS) -> str | None:
+    """The marker the last user message contains, if any: the request is an agent's side request."""
+    last = next((m for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), None)
+    text = _text(last.get("content")) if last is not None else ""
+    return next((k for k in markers if k and k in text), None)
+
+
 def extract_meta(body: dict[str, Any], headers: dict[str, str], client_key: str,
-                 messages: list[dict[str, Any]] | None = None) -> TurnMeta:
+                 messages: list[dict[str, Any]] | None = None,
+                 side_markers: Sequence[str] = AGENT_SIDE_MARKERS) -> TurnMeta:
     """Read clawray's fields from headers (preferred) or body, strip them from `body` in place.
     `messages`: the conversation a derived session id is taken from (default: `body["messages"]`; the
-    Responses route passes its input as chat messages, serve/responses.py)."""
+    Responses route passes its input as chat messages, serve/responses.py). Without X-Turn-Type, a request
+    whose last user message holds one of `side_markers` is a side turn."""
     vals = {k: body.pop(k, None) for k in CLAWRAY_FIELDS}
     for field, header in HEADER_FIELDS.items():
         if header in headers:
             vals[field] = headers[header]
+    if messages is None:
+        messages = body.get("messages") or []
     turn_type = str(vals["turn_type"] or "main").lower()
     if turn_type not in ("main", "side"):
         raise RequestError("X-Turn-Type must be 'main' or 'side'")
+    if vals["turn_type"] is None and side_marker(messages, side_markers) is not None:
+        turn_type = "side"
     eval_spec = vals["clawray_eval"]
     if eval_spec is not None and not isinstance(eval_spec, dict):
         raise RequestError("clawray_eval must be an object")
@@ -143,8 +166,6 @@ def extract_meta(body: dict[str, Any], headers: dict[str, str], client_key: str,
     workspace = _clean_id("X-Workspace-Id", vals["workspace_id"]) or "default"
     tenant = f"{user}/{workspace}"
     session = _clean_id("X-Session-Id", vals["session_id"])
-    if messages is None:
-        messages = body.get("messages") or []
     return TurnMeta(
         session_id=session or derive_session_id(tenant, client_key, messages, agent_session_id(headers, body)),
         turn_type=TurnType(turn_type),

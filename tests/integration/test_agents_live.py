@@ -282,23 +282,30 @@ def test_real_agent_works_through_clawray(live, tok, tmp_path: Path, name: str):
     assert not others & {t.session_id for t in turns}  # never merged with another agent's sessions
 
 
-def test_claude_code_compaction_probe(live, tmp_path: Path):  # EXPERIMENT: what does /compact send?
-    agent = get("claude-code")
-    binary = installed(agent)
+def test_claude_code_compaction_is_a_side_turn(live, tmp_path: Path):
+    """Claude Code's `/compact` sends a side request (a summary of the conversation, not a step of its main
+    loop): served like any request, never stored or trained on (serve/turns.py AGENT_SIDE_MARKERS)."""
+    from serve.turns import AGENT_SIDE_MARKERS
+
+    binary = installed(get("claude-code"))
     home = tmp_path / "home"
     home.mkdir()
     target = Target(origin=f"http://127.0.0.1:{AGENT_PORT}", api_key=PLACEHOLDER_KEY, key_env=None,
                     model="clawray-policy", context_window=CONTEXT, headers={"X-User-Id": "live-compact"})
-    apply.setup(agent, home, {}, target)
+    apply.setup(get("claude-code"), home, {}, target)
+    before = {t.turn_id for t in session_turns(live["state"])}
     args, _ = RUNS["claude-code"]
-    out1, ex1 = run_agent(binary, args, home, live["port"])
-    out2, ex2 = run_agent(binary, ["--continue", "-p", "/compact"], home, live["port"])
-    for e in ex1 + ex2:
-        req = e.get("request") or {}
-        sysp = req.get("system")
-        sys_text = json.dumps(sysp)[:300] if sysp else ""
-        msgs = req.get("messages") or []
-        last = json.dumps(msgs[-1])[:400] if msgs else ""
-        print("\nEX", e["method"], e["path"], e["status"], "max_tokens", req.get("max_tokens"), "tools", len(req.get("tools") or []),
-              "\n  SYS", sys_text, "\n  LAST", last)
-    print("OUT2", out2[-1500:])
+    exchanges = []
+    for run in (args, ["--continue", "-p", "Now reply with the word: banana"]):  # enough to compact
+        exchanges += run_agent(binary, run, home, live["port"])[1]
+    main_turns = wait_for(lambda: [t for t in session_turns(live["state"]) if t.turn_id not in before], timeout=60)
+    assert main_turns and all(t.turn_type == TurnType.main for t in main_turns)
+    output, compaction = run_agent(binary, ["--continue", "-p", "/compact"], home, live["port"])
+    model = [e for e in compaction if e["method"] == "POST" and e["path"].startswith("/v1/messages")]
+    marked = [e for e in model if any(k in json.dumps(e["request"]) for k in AGENT_SIDE_MARKERS)]
+    assert marked, f"no compaction request: {output}"  # the agent really compacted through clawray
+    assert all(e["status"] == 200 and e["complete"] for e in model), [(e["status"], e["response_body"][:300]) for e in model]
+    time.sleep(2)  # a turn would have been stored before the stream's end
+    after = [t for t in session_turns(live["state"]) if t.turn_id not in before]
+    assert len(after) == len(main_turns), "a compaction request was stored as a turn"
+    assert not any(k in json.dumps(t.messages) for t in after for k in AGENT_SIDE_MARKERS)
