@@ -228,6 +228,7 @@ class CollectiveConfig(Section):
     min_sessions: int = Field(default=2, ge=1)  # a lesson must recur in this many sessions to create a skill
     max_rows: int = Field(default=5000, ge=1)  # evidence rows read per run
     cas_retries: int = Field(default=3, ge=0)  # a publish that lost a race is decided again on the new base
+    retention_days: float = Field(default=30.0, gt=0)  # evidence (once read) and decisions kept this long
     gate: GateConfig = Field(default_factory=GateConfig)
     llm: LLMEndpoint | None = None  # decides per group (evolve/collective_llm.py); None: evolver.llm, else offline
 

@@ -95,6 +95,7 @@ class CollectiveJob:
             report.cursor = last
         except Conflict as e:  # another job moved it: its decisions saw what this one published
             log.info("collective job %s: cursor moved by another job (%s)", report.job, e)
+        self.store.prune(time.time() - self.cfg.retention_days * 86400, report.cursor)
         report.generation = self.bank.generation
         return report
 

@@ -162,7 +162,10 @@ def evidence_from(turn: Turn, sample: Sample, known: Iterable[str]) -> Evidence:
                     skills=list(turn.skills), touched=touched_skills(turn.tool_calls, known),
                     instruction=_cut(_text(user.get("content"))), response=_cut(response),
                     feedback=_cut(feedback), eval_spec=turn.eval_spec,
-                    messages=strip_injection(turn.messages), skill_generation=turn.skill_generation)
+                    # Only a turn with a check can be replayed by the gate: keep the (possibly long) request
+                    # of those alone, so real agents' 20k-token prompts do not fill the store.
+                    messages=strip_injection(turn.messages) if turn.eval_spec else [],
+                    skill_generation=turn.skill_generation)
 
 
 class EvidenceStore:
@@ -221,6 +224,14 @@ class EvidenceStore:
                 if len(out) >= n:
                     break
         return out
+
+    def prune(self, before: float, upto_seq: int) -> int:
+        """Delete evidence older than `before` (epoch s) that a job has read (seq <= `upto_seq`), and
+        decisions older than `before`; returns the evidence rows deleted."""
+        with self.db.tx() as c:
+            n = c.execute("DELETE FROM evidence WHERE created_at < ? AND seq <= ?", (before, upto_seq)).rowcount
+            c.execute("DELETE FROM decisions WHERE ts < ?", (before,))
+        return max(n, 0)
 
     def record_decision(self, job: str, skill: str, action: str, published: bool, record: dict[str, Any]) -> None:
         with self.db.tx() as c:

@@ -128,12 +128,19 @@ class Scorer:
 
     async def grade(self, messages: list[dict], reply: str, eval_spec: dict | None) -> float | None:
         """A reply to `messages` graded in [0, 1] without a next state, as the validation gate replays
-        tasks (evolve/gate.py): the task's checker score, else the judge's majority mapped from {-1, 0, 1}
-        to {0, 0.5, 1}, else None (nothing can grade it). Raises JudgeUnavailable like `score`."""
+        tasks (evolve/gate.py): the task's checker score on the reply alone, else (no check sent) the
+        judge's majority mapped from {-1, 0, 1} to {0, 0.5, 1}, else None (nothing can grade it). A check
+        that reads a workspace is None too: a replay changed no files, so the workspace would grade the
+        original session, not this reply. Raises JudgeUnavailable like `score`."""
         turn = Turn(session_id="validation", turn_index=0, messages=messages, prompt_ids=[], response_ids=[],
                     response_logprobs=[], response_text=reply, eval_spec=eval_spec)
-        check = await asyncio.to_thread(self._check, turn)
-        if check is not None:
+        if eval_spec:
+            if not self.cfg.checkers:
+                return None
+            try:
+                check = await asyncio.to_thread(evaluate, eval_spec, reply, None, allowed=self.cfg.checkers)
+            except CheckerSpecError:  # it needs the workspace (or the spec is unusable)
+                return None
             return float(check.score)
         votes = await self._votes(turn)
         if not any(v.score is not None for v in votes):

@@ -197,3 +197,16 @@ def test_a_lesson_only_private_skills_state_is_created_for_everyone():
                     metadata={"scope": "user:alice"})
     d = decide(NO_SKILL, two, [private], min_sessions=2)
     assert d.action == "create" and d.candidate.metadata["scope"] == "global" and d.candidate.name != "date-format"
+
+
+def test_evidence_keeps_requests_of_replayable_turns_only_and_is_pruned_once_read(tmp_path):
+    t = Turn(session_id="s", turn_index=0, prompt_ids=[1], response_ids=[2], response_logprobs=[-1.0],
+             messages=[{"role": "user", "content": "x" * 1000}])
+    assert evidence_from(t, Sample.from_turn(t, 1.0, True), []).messages == []  # an agent's turn: no check
+    store = EvidenceStore(tmp_path)
+    old = ev("s1", 0, 1.0)
+    old.created_at = 1.0
+    store.append([old, ev("s2", 0, 1.0)])
+    seq = store.last_seq()
+    assert store.prune(before=100.0, upto_seq=0) == 0  # not read yet: kept
+    assert store.prune(before=100.0, upto_seq=seq) == 1 and [e.session_id for _, e in store.since(0)] == ["s2"]

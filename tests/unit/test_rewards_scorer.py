@@ -112,3 +112,17 @@ async def test_opd_refuses_a_teacher_it_cannot_check(server):
 def test_opd_needs_the_policy_tokenizer():
     with pytest.raises(ConfigError, match="tokenizer"):
         Scorer(RewardsConfig(), teacher=LLMClient(ep("http://127.0.0.1:1/v1")))
+
+
+async def test_grade_a_replayed_reply_without_a_next_state(server):
+    """What the validation gate asks of the PRM (evolve/gate.py): the reply alone graded in [0, 1]."""
+    s = scorer(server.base_url, votes=3, checkers=["multi_choice", "file_check"])
+    msgs = [{"role": "user", "content": "pick"}]
+    assert await s.grade(msgs, "\\bbox{A}", {**MC, "workspace": "alice"}) == 1.0
+    assert await s.grade(msgs, "\\bbox{B}", MC) == pytest.approx(1 / 3)  # 1 - (1 wrong + 1 missed) / 3 options
+    # A check that reads the workspace would grade the original session's files, not this reply.
+    assert await s.grade(msgs, "done", {"type": "file_check", "path": "a.txt", "workspace": "alice"}) is None
+    assert not server.script.requests  # checks decided: no judge call
+    assert await s.grade(msgs, "ok", None) == 1.0  # no check sent: the judge's majority, Score: 1 -> 1.0
+    assert "[Previous Feedback]" not in server.script.requests[0]["body"]["messages"][1]["content"]
+    assert await scorer(None, checkers=["multi_choice"]).grade(msgs, "x", None) is None  # nothing can grade it
