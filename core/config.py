@@ -306,6 +306,9 @@ class TrainConfig(Section):
     clip_eps: float = Field(default=0.2, gt=0)
     clip_eps_high: float | None = None
     kl_coef: float = Field(default=0.0, ge=0)
+    # On-policy distillation (train/algos.py `opd_advantages`): the weight of the per-token reverse KL to
+    # the teacher (rewards.teacher's logprobs of the sampled tokens) in the advantages; 0 = off.
+    opd_weight: float = Field(default=0.0, ge=0)
     max_grad_norm: float = Field(default=1.0, gt=0)
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
     num_workers: int | tuple[int, int] = 1  # fixed, or elastic (min, max)

@@ -173,6 +173,25 @@ def get_policy_loss_fn(name: str) -> Callable[..., torch.Tensor]:
     return _lookup(POLICY_LOSSES, name, "policy loss")
 
 
+def opd_advantages(advantages: torch.Tensor, old_logp: torch.Tensor, teacher_logp: torch.Tensor,
+                   teacher_mask: torch.Tensor, weight: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """On-policy distillation as per-token advantages (MetaClaw's OPD; the Tinker recipe).
+
+    The reverse KL to the teacher on the sampled tokens, KL(pi || pi_T) = E_{x ~ pi}[log pi(x) - log pi_T(x)],
+    is estimated per token by `old_logp - teacher_logp` (the behaviour policy's logprob: the samples came
+    from it); its negative, `weight * (teacher_logp - old_logp)`, is added to each token's advantage, so the
+    policy-gradient loss raises tokens the teacher likes more than the policy did and lowers the others.
+    Tokens without a teacher logprob (`teacher_mask` 0) add nothing.
+
+    advantages: (B,) or (B, R); old_logp, teacher_logp, teacher_mask: (B, R). Returns ((B, R) advantages,
+    (B, R) the per-token reverse-KL estimate, 0 where masked).
+    """
+    if advantages.dim() == 1:
+        advantages = advantages[:, None].expand_as(old_logp)
+    rkl = (old_logp - teacher_logp) * teacher_mask
+    return advantages - weight * rkl, rkl
+
+
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 estimator of KL(p_theta || p_ref) per token: exp(d) - d - 1, d = ref_logp - logp.
 

@@ -39,6 +39,8 @@ class Batch:
     top_p: torch.Tensor  # (B,) float32, 1 = off
     sample_ids: list[str]
     num_tokens: int  # real prompt + response tokens: the unit of throughput numbers
+    teacher_logprobs: torch.Tensor | None = None  # (B, R) OPD teacher logprobs of `targets` (0 where none)
+    teacher_mask: torch.Tensor | None = None  # (B, R) 1 where the sample has a finite teacher logprob
 
     @property
     def response_len(self) -> int:
@@ -84,6 +86,16 @@ def collate(samples: Sequence[Sample], advantages: torch.Tensor | Sequence[float
         finite = torch.isfinite(logps)
         old[i, :lr] = torch.where(finite, logps, torch.zeros_like(logps))
         mask[i, :lr] = torch.tensor(s.loss_mask, dtype=torch.float32) * finite.float()
+    teacher = teacher_mask = None
+    if any(s.teacher_logprobs is not None for s in samples):
+        teacher = torch.zeros((b, r), dtype=torch.float32)
+        teacher_mask = torch.zeros((b, r), dtype=torch.float32)
+        for i, s in enumerate(samples):
+            if s.teacher_logprobs is not None:
+                t = torch.tensor(s.teacher_logprobs, dtype=torch.float32)
+                ok = torch.isfinite(t)
+                teacher[i, : len(t)] = torch.where(ok, t, torch.zeros_like(t))
+                teacher_mask[i, : len(t)] = ok.float() * mask[i, : len(t)]
     positions = (attn.cumsum(dim=1) - 1).clamp(min=0)
     return Batch(
         input_ids=full[:, :-1].contiguous(),
@@ -98,6 +110,8 @@ def collate(samples: Sequence[Sample], advantages: torch.Tensor | Sequence[float
         top_p=torch.tensor([s.sampling.top_p for s in samples], dtype=torch.float32),
         sample_ids=[s.sample_id for s in samples],
         num_tokens=sum(len(s.prompt_ids) + len(s.response_ids) for s in samples),
+        teacher_logprobs=teacher,
+        teacher_mask=teacher_mask,
     )
 
 

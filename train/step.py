@@ -128,11 +128,19 @@ def micro_loss(
             with torch.no_grad(), unwrap(backend.model).disable_adapter():
                 ref = token_logprobs(unwrap(backend.model), batch)
     mask, (logp, ref) = _finite(batch.mask, logp, ref)
-    return algos.policy_loss(
-        cfg.loss, logp, batch.old_logprobs, batch.advantages, mask,
+    advantages, rkl = batch.advantages, None
+    if cfg.opd_weight > 0 and batch.teacher_logprobs is not None:
+        advantages, rkl = algos.opd_advantages(advantages, batch.old_logprobs, batch.teacher_logprobs,
+                                               batch.teacher_mask * mask, cfg.opd_weight)
+    loss, stats = algos.policy_loss(
+        cfg.loss, logp, batch.old_logprobs, advantages, mask,
         clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, kl_coef=cfg.kl_coef,
         ref_logp=ref, denom=denom,
     )
+    if rkl is not None:
+        stats["opd_rkl_sum"] = rkl.detach().sum()
+        stats["opd_tokens"] = (batch.teacher_mask * mask).sum()
+    return loss, stats
 
 
 def shard_micro_batches(
@@ -197,7 +205,8 @@ def train_step(
         backend.discard()
     grad_norm = float("nan") if discarded else backend.step()
     g = _global_sums([loss_total, sums.get("ratio_sum", 0.0), sums.get("clipped_tokens", 0.0),
-                      sums.get("kl_sum", 0.0), sums.get("tokens", 0.0), float(sum(b.num_tokens for b in micro))],
+                      sums.get("kl_sum", 0.0), sums.get("tokens", 0.0), float(sum(b.num_tokens for b in micro)),
+                      sums.get("opd_rkl_sum", 0.0), sums.get("opd_tokens", 0.0)],
                      world, device)
     tokens = max(g[4], 1.0)
     return {
@@ -210,6 +219,9 @@ def train_step(
         "kl": g[3] / tokens,
         "tokens_trained": g[4],  # masked (trained) response tokens
         "tokens_seq": g[5],  # prompt + response tokens through the model
+        # OPD: mean reverse KL to the teacher over the tokens that had a teacher logprob (0: none/off)
+        "opd_kl": g[6] / g[7] if g[7] else 0.0,
+        "opd_tokens": g[7],
         "step_s": time.perf_counter() - t0,
         "discarded": discarded,
     }

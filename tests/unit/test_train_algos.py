@@ -159,3 +159,16 @@ def test_ratio_is_guarded_against_overflow() -> None:
     old = torch.tensor([[-1000.0]])  # a corrupt engine logprob
     loss, _ = algos.policy_loss("importance_sampling", logp, old, torch.tensor([1.0]), torch.ones(1, 1))
     assert torch.isfinite(loss)
+
+
+def test_opd_adds_the_negative_reverse_kl_to_each_tokens_advantage() -> None:
+    adv = torch.tensor([1.0, -1.0])
+    old = torch.tensor([[-2.0, -3.0, -1.0], [-1.0, -1.0, -1.0]])
+    teacher = torch.tensor([[-1.0, -5.0, -1.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])  # the second sample has no teacher logprobs
+    out, rkl = algos.opd_advantages(adv, old, teacher, mask, weight=0.5)
+    # token 0: the teacher likes it more (+1 nat) -> advantage up; token 1: less (-2) -> down; token 2: same
+    assert out.tolist() == [[1.5, 0.0, 1.0], [-1.0, -1.0, -1.0]]
+    assert rkl.tolist() == [[-1.0, 2.0, 0.0], [0.0, 0.0, 0.0]]
+    same, _ = algos.opd_advantages(adv, old, old, torch.ones_like(old), weight=3.0)
+    assert torch.equal(same, adv[:, None].expand_as(old))  # a teacher that agrees changes nothing

@@ -128,3 +128,36 @@ def test_bf16_step_keeps_lora_weights_and_logprobs_in_fp32(model_path: str) -> N
     backend = DDPBackend(model, c, torch.device("cpu"), world=1)
     m = train_step(backend, [make([1, 2], [3, 4], 1.0), make([1, 2], [5, 6], -1.0)], c)
     assert m["tokens_trained"] == 4 and torch.isfinite(torch.tensor(m["loss"])) and m["grad_norm"] > 0
+
+
+def test_opd_reaches_the_loss_and_pulls_the_policy_towards_the_teacher(model_path: str) -> None:
+    """With zero reward (no policy-gradient signal), OPD alone raises the token the teacher prefers and
+    lowers the one it dislikes; at opd_weight 0, or without teacher logprobs, the step is unchanged."""
+    liked, disliked = 100, 200
+
+    def with_teacher(response, teacher):
+        s = make([7, 8, 9], response, 0.0)
+        s.teacher_logprobs = [teacher] * len(response)
+        return s
+
+    samples = [with_teacher([liked, liked], -1.0) for _ in range(2)] + [with_teacher([disliked, disliked], -20.0)
+                                                                       for _ in range(2)]
+    batch = collate(samples, [0.0] * 4)
+    assert batch.teacher_logprobs[0].tolist() == [-1.0, -1.0] and batch.teacher_mask.sum() == 8
+    assert collate([make([1], [2])], [0.0]).teacher_logprobs is None
+    c = cfg(opd_weight=1.0, batch_size=4)
+    model = build_peft_model(model_path, c, torch.device("cpu"))
+    backend = DDPBackend(model, c, torch.device("cpu"), world=1)
+    probe = collate([samples[0], samples[-1]], [0.0, 0.0])
+    with torch.no_grad():
+        before = token_logprobs(model, probe)[:, 0]
+    m = train_step(backend, samples, c)  # one step: the samples' engine logprobs are the behaviour policy
+    with torch.no_grad():
+        after = token_logprobs(model, probe)[:, 0]
+    assert after[0] > before[0] + 0.05 and after[1] < before[1] - 0.1, (before, after)
+    assert m["opd_tokens"] == 8 and m["opd_kl"] == pytest.approx(((-8.3 + 1) * 4 + (-8.3 + 20) * 4) / 8)
+    # Off, or no teacher logprobs: zero advantages everywhere, so the LoRA weights do not move.
+    start = _lora_after_one_step(model_path, [make([7, 8, 9], [liked], 0.0)], opd_weight=0.0)
+    off = _lora_after_one_step(model_path, samples, opd_weight=0.0)
+    for k in start:
+        torch.testing.assert_close(start[k], off[k])
