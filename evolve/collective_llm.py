@@ -103,26 +103,21 @@ class LLMDecider:
 
     async def decide(self, group: str, sessions: Sequence[SessionSummary], library: Sequence[Skill],
                      offline: Decision) -> Decision:
-        from core.llm import LLMError
+        from evolve.llm_json import InvalidReplies, ask_valid
 
         messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT},
                                           {"role": "user", "content": group_prompt(group, sessions, library, offline)}]
-        error = "no attempt made"
-        for attempt in range(1, self.max_attempts + 1):
-            try:
-                replies = await self.client.chat(messages, temperature=self.temperature, max_tokens=self.max_tokens)
-            except LLMError as e:
-                error = f"the LLM could not be reached: {e}"
-                break
-            reply = replies[0] if replies else ""
-            try:
-                return self._decision(parse_decision(reply, group, library), group, library, offline)
-            except ValueError as e:
-                error = str(e)
-                log.warning("collective LLM decider: invalid reply (attempt %d/%d): %s", attempt, self.max_attempts, e)
-            messages += [{"role": "assistant", "content": reply[:4000]},
-                         {"role": "user", "content": f"That reply was rejected: {error}. Reply with ONLY the corrected "
-                                                     "JSON object."}]
+
+        def parse(reply: str) -> Decision:
+            return self._decision(parse_decision(reply, group, library), group, library, offline)
+
+        try:
+            return await ask_valid(self.client, messages, parse, attempts=self.max_attempts,
+                                   what="collective LLM decider", expected="decision object",
+                                   temperature=self.temperature,
+                                   max_tokens=self.max_tokens)
+        except InvalidReplies as e:
+            error = str(e)
         offline.summary = f"{offline.summary} (the LLM decider failed: {error}; the rule-based decision stands)"
         offline.evidence = {**offline.evidence, "llm_error": error}
         return offline

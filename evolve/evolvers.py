@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,8 +26,6 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapte
 from core.config import EvolverConfig
 from core.contracts import Skill
 from evolve.text import RULE_WORDS, STOPWORDS, detect_task_type, jaccard, topic_tokens, words
-
-log = logging.getLogger(__name__)
 
 
 class EvolveError(RuntimeError):
@@ -240,32 +237,18 @@ class LLMEvolver:
         self.temperature, self.max_tokens = temperature, max_tokens
 
     async def evolve(self, failures: list[Failure], existing: Sequence[Skill]) -> list[Skill]:
+        from evolve.llm_json import InvalidReplies, ask_valid
+
         if not failures:
             return []
         messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT},
                                           {"role": "user", "content": failure_prompt(failures, existing)}]
-        error = "no attempt made"
-        for attempt in range(1, self.max_attempts + 1):
-            reply = await self._chat(messages)
-            try:
-                return parse_skill_list(reply, self.max_skills)
-            except ValueError as e:
-                error = str(e)
-                log.warning("llm evolver: invalid reply (attempt %d/%d): %s", attempt, self.max_attempts, e)
-            messages += [{"role": "assistant", "content": reply[:4000]},
-                         {"role": "user", "content": f"That reply was rejected: {error}. "
-                                                     "Reply with ONLY the corrected JSON list."}]
-        raise EvolveError(f"llm evolver: no valid skill list after {self.max_attempts} attempts: {error}")
-
-    async def _chat(self, messages: list[dict[str, Any]]) -> str:
-        from core.llm import LLMError  # the LLM stack is imported only when this evolver is used
-
         try:
-            replies = await self.client.chat(messages, temperature=self.temperature,
-                                             max_tokens=self.max_tokens, n=1)
-        except LLMError as e:
+            return await ask_valid(self.client, messages, lambda r: parse_skill_list(r, self.max_skills),
+                                   attempts=self.max_attempts, what="llm evolver", expected="skill list",
+                                   temperature=self.temperature, max_tokens=self.max_tokens)
+        except InvalidReplies as e:
             raise EvolveError(f"llm evolver: {e}") from e
-        return replies[0] if replies else ""
 
 
 # ------------------------------------------------------------------------------------ registry

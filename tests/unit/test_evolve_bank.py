@@ -182,16 +182,21 @@ def _writer(root: str, worker: int, batches: int, start) -> None:
         assert not r.rejected, r.rejected
 
 
-def test_concurrent_adds_from_several_processes_lose_nothing(tmp_path: Path):
-    workers, batches = 4, 8
+def _run_writers(target, root: Path, workers: int, n: int) -> None:
+    """`workers` processes running target(root, w, n, barrier), started together; each must exit 0."""
     ctx = mp.get_context("spawn")  # a clean interpreter per writer, like separate processes
     start = ctx.Barrier(workers)
-    procs = [ctx.Process(target=_writer, args=(str(tmp_path), w, batches, start)) for w in range(workers)]
+    procs = [ctx.Process(target=target, args=(str(root), w, n, start)) for w in range(workers)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(120)
         assert p.exitcode == 0
+
+
+def test_concurrent_adds_from_several_processes_lose_nothing(tmp_path: Path):
+    workers, batches = 4, 8
+    _run_writers(_writer, tmp_path, workers, batches)
     bank = SkillBank(tmp_path, SkillsConfig())
     expected = {f"w{w}-b{b}-{j}" for w in range(workers) for b in range(batches) for j in range(2)}
     assert set(bank.names()) == expected and not bank.problems
@@ -227,14 +232,7 @@ def _cas_writer(root: str, worker: int, edits: int, start) -> None:
 def test_compare_and_swap_across_processes_loses_no_update(tmp_path: Path):
     workers, edits = 3, 4
     SkillBank(tmp_path, SkillsConfig()).add(sk("shared", body="- base"))
-    ctx = mp.get_context("spawn")
-    start = ctx.Barrier(workers)
-    procs = [ctx.Process(target=_cas_writer, args=(str(tmp_path), w, edits, start)) for w in range(workers)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-        assert p.exitcode == 0
+    _run_writers(_cas_writer, tmp_path, workers, edits)
     bank = SkillBank(tmp_path, SkillsConfig())
     lines = bank.get("shared").body.splitlines()
     assert sorted(lines[1:]) == sorted(f"- w{w} e{e}" for w in range(workers) for e in range(edits))

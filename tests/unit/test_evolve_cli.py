@@ -20,10 +20,10 @@ description: "Use when committing: imperative messages, one change per commit."
 """
 
 
-@pytest.fixture
-def env(tmp_path: Path):
+def _cli(tmp_path: Path, config_yaml: str):
+    """(run(*args) invoking `clawray skills` with that config, a skill folder to add)."""
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"storage_root: {tmp_path / 'state'}\n")
+    cfg.write_text(config_yaml)
     folder = tmp_path / "incoming" / "git-workflow"
     folder.mkdir(parents=True)
     (folder / "SKILL.md").write_text(SKILL)
@@ -32,6 +32,12 @@ def env(tmp_path: Path):
     def run(*args: str):
         return runner.invoke(skills_app, ["--config", str(cfg), *args])
 
+    return run, folder
+
+
+@pytest.fixture
+def env(tmp_path: Path):
+    run, folder = _cli(tmp_path, f"storage_root: {tmp_path / 'state'}\n")
     return run, folder, tmp_path
 
 
@@ -153,17 +159,8 @@ def test_rollback_through_the_bucket_publishes_the_restored_text(s3_root: str, t
     from evolve.bank import SkillBank
     from evolve.mirror import SkillMirror
 
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"storage_root: {s3_root}\ncache_dir: {tmp_path / 'cache'}\n"
-                   "state: {dsn: 'postgresql://clawray@db.invalid:5432/clawray'}\n")
-    folder = tmp_path / "incoming" / "git-workflow"
-    folder.mkdir(parents=True)
-    (folder / "SKILL.md").write_text(SKILL)
-    runner = CliRunner()
-
-    def run(*args: str):
-        return runner.invoke(skills_app, ["--config", str(cfg), *args])
-
+    run, folder = _cli(tmp_path, f"storage_root: {s3_root}\ncache_dir: {tmp_path / 'cache'}\n"
+                                 "state: {dsn: 'postgresql://clawray@db.invalid:5432/clawray'}\n")
     _two_versions(run, folder)
     r = run("rollback", "git-workflow", "--to", "1")
     assert r.exit_code == 0 and "(now version 3); generation 3; published as version 3" in r.output, r.output
