@@ -69,7 +69,7 @@ class FakeEngine:
 class FakeInjector:
     """Injects one skill block, as the skills plane's injector does (serve/injection.py)."""
 
-    async def inject(self, body: dict[str, Any], anthropic: bool, fits=None) -> tuple[list[str], int]:
+    async def inject(self, body: dict[str, Any], anthropic: bool, fits=None, tenant=None) -> tuple[list[str], int]:
         add_to_system(body, "SKILL: say the unit", anthropic)
         return ["units"], 4
 
