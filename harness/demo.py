@@ -382,7 +382,8 @@ class Demo:
         for row in self.rows:
             t.add_row(*[f"{row[k]:.3f}" if isinstance(row.get(k), float) else str(row.get(k, "-")) for _, k in cols])
         self.console.print(t)
-        u = Table(title="mean reward per user and day (collective evolution on; the gate decides what is shared)")
+        u = Table(title="mean reward per user and day", caption="collective evolution on: its gate decides what "
+                  "is shared")
         u.add_column("user")
         days = [r["day"] for r in self.rows]
         for d in days:
