@@ -382,8 +382,7 @@ class Demo:
         for row in self.rows:
             t.add_row(*[f"{row[k]:.3f}" if isinstance(row.get(k), float) else str(row.get(k, "-")) for _, k in cols])
         self.console.print(t)
-        u = Table(title="mean reward per user and day", caption="collective evolution on: its gate decides what "
-                  "is shared")
+        u = Table(title="reward per user and day")
         u.add_column("user")
         days = [r["day"] for r in self.rows]
         for d in days:
@@ -391,6 +390,8 @@ class Demo:
         for user, by_day in self.by_user.items():
             u.add_row(user, *[f"{by_day[d]:.3f}" if by_day.get(d) is not None else "-" for d in days])
         self.console.print(u)
+        self.console.print("(mean reward per user and day, with collective evolution on: its gate decides what is "
+                           "shared)")
         if self.ev.collective_decisions:
             self.console.print("collective job (night 1): " + "; ".join(self.ev.collective_decisions[:8]))
 
