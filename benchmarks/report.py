@@ -89,6 +89,19 @@ def trainer(data: dict[str, Any]) -> Section:
     return body, heads
 
 
+def trainer_floor(data: dict[str, Any]) -> Section:
+    rows = data["rows"]
+    body = table(["impl", "layers", "tokens (padded)", "step s (min)", "step s (median)", "× floor", "peak RSS MB",
+                  "× floor (RSS)"],
+                 [[r["impl"], r["layers"], f"{r['tokens']} ({r['padded_tokens']})", round(r["step_s_min"], 2),
+                   round(r["step_s_median"], 2), f"{r['x_floor']:.2f}×", round(r["peak_rss_mb"]),
+                   f"{r['peak_rss_vs_floor']:.2f}×"] for r in rows])
+    heads = [f"GRPO step vs a bare forward+backward ({r['layers']} layers of a Qwen2-0.5B shape): {r['x_floor']:.2f}× "
+             f"the floor's time at {r['peak_rss_vs_floor']:.2f}× its peak memory (goal ≤ {data.get('goal', 1.15)}×)"
+             for r in rows if r["impl"] == "clawray"]
+    return body, heads
+
+
 def retrieval(data: dict[str, Any]) -> Section:
     rows = [[s["skills"], s["skill_vectors"], s["template"]["p50_ms"], s["template"]["p99_ms"],
              s["embedding"]["p50_ms"], s["embedding"]["p99_ms"]] for s in data["sizes"]]
@@ -173,7 +186,7 @@ def demote(md: str) -> str:
 
 
 RENDERERS: dict[str, Callable[..., Section]] = {
-    "trainer": trainer, "retrieval": retrieval, "proxy_overhead": proxy_overhead,
+    "trainer": trainer, "trainer_floor": trainer_floor, "retrieval": retrieval, "proxy_overhead": proxy_overhead,
     "proxy_overhead-haproxy": proxy_overhead, "hotswap": hotswap,
 }
 WITH_MARKDOWN = {proxy_overhead, hotswap}  # renderers that show the benchmark's own tables when it wrote them

@@ -69,6 +69,7 @@ BENCHES = [
     Bench("hotswap"),
     Bench("retrieval"),
     Bench("trainer", quick=("--quick", "--repeats", "1", "--steps", "6")),
+    Bench("trainer_floor", quick=("--quick", "--steps", "1")),
 ]
 
 
