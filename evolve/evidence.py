@@ -85,6 +85,8 @@ class Evidence(BaseModel):
 
 
 def _text(content: Any) -> str:
+    """Message content as plain text: a string, or OpenAI / Anthropic content parts (text parts and the
+    nested content of Anthropic `tool_result` parts; a `text` that is not a string is no text)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -148,8 +150,9 @@ def touched_skills(tool_calls: Iterable[dict[str, Any]], known: Iterable[str]) -
     return found
 
 
-def evidence_from(turn: Turn, sample: Sample, known: Iterable[str]) -> Evidence:
-    """The evidence row of one scored main turn."""
+def turn_texts(turn: Turn) -> tuple[str, str, str]:
+    """(the last user message, the reply with its tool calls rendered, the next state) of a turn as text:
+    what the evolvers read (evolve/loop.py `failure_from`) and the evidence rows keep."""
     user = next((m for m in reversed(turn.messages) if m.get("role") == "user"), {})
     feedback = "\n".join(_text(m.get("content")) for m in (turn.next_state or []))
     response = turn.response_text
@@ -157,10 +160,16 @@ def evidence_from(turn: Turn, sample: Sample, known: Iterable[str]) -> Evidence:
         response += "\n[tool calls] " + "; ".join(
             str((c.get("function") or {}).get("name", "")) + str((c.get("function") or {}).get("arguments", ""))
             for c in turn.tool_calls)
+    return _text(user.get("content")), response, feedback
+
+
+def evidence_from(turn: Turn, sample: Sample, known: Iterable[str]) -> Evidence:
+    """The evidence row of one scored main turn."""
+    instruction, response, feedback = turn_texts(turn)
     return Evidence(turn_id=turn.turn_id, session_id=turn.session_id, tenant=turn.tenant,
                     turn_index=turn.turn_index, created_at=turn.created_at, reward=float(sample.reward),
                     skills=list(turn.skills), touched=touched_skills(turn.tool_calls, known),
-                    instruction=_cut(_text(user.get("content"))), response=_cut(response),
+                    instruction=_cut(instruction), response=_cut(response),
                     feedback=_cut(feedback), eval_spec=turn.eval_spec,
                     # Only a turn with a check can be replayed by the gate: keep the (possibly long) request
                     # of those alone, so real agents' 20k-token prompts do not fill the store.

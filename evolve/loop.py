@@ -37,6 +37,7 @@ from typing import Any, Protocol
 from core.config import EvolverConfig
 from core.contracts import Sample, Skill, Turn, TurnType
 from evolve.bank import BatchResult, SkillBank
+from evolve.evidence import turn_texts
 from evolve.evolvers import EvolveError, Evolver, Failure
 from evolve.scopes import GLOBAL, private_name, scope_of, tenant_scope, visible
 from evolve.skill_md import content_key
@@ -102,17 +103,6 @@ class _Entry:
     failure: Failure | None  # None for a successful turn
 
 
-def _text(content: Any) -> str:
-    """Message content as plain text: a string, or OpenAI / Anthropic content parts (text parts and
-    the nested content of Anthropic `tool_result` parts)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [p.get("text") or _text(p.get("content")) for p in content if isinstance(p, dict)]
-        return "\n".join(p for p in parts if p)
-    return "" if content is None else str(content)
-
-
 def by_scope(failures: Sequence[Failure], level: str,
              groups: dict[str, list[str]] | None = None) -> dict[str, list[Failure]]:
     """Failures by the scope their lesson is written at (`evolver.scope`), in first-seen order."""
@@ -124,14 +114,8 @@ def by_scope(failures: Sequence[Failure], level: str,
 
 def failure_from(turn: Turn, sample: Sample) -> Failure:
     """The evolver's view of a failed turn: last user message, reply, and the next state as text."""
-    user = next((m for m in reversed(turn.messages) if m.get("role") == "user"), {})
-    response = turn.response_text
-    if turn.tool_calls:
-        response += "\n[tool calls] " + "; ".join(
-            str((c.get("function") or {}).get("name", "")) + str((c.get("function") or {}).get("arguments", ""))
-            for c in turn.tool_calls)
-    feedback = "\n".join(_text(m.get("content")) for m in (turn.next_state or []))
-    return Failure(instruction=_text(user.get("content")), response=response, feedback=feedback,
+    instruction, response, feedback = turn_texts(turn)
+    return Failure(instruction=instruction, response=response, feedback=feedback,
                    reward=float(sample.reward), session_id=turn.session_id, sample_id=sample.sample_id,
                    tenant=turn.tenant)
 
