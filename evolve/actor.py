@@ -139,7 +139,7 @@ class Evolver:
             omls = tuple(collective["omls"]) if collective.get("omls") else None
             self._collective = CollectiveRunner(self._bank, evolver_cfg.collective, collective["storage_root"],
                                                 collective.get("state"), self._replay, collective.get("gate"), omls,
-                                                evolver_cfg.llm)
+                                                evolver_cfg.llm, self._loop.lock)
         # Each at 0 from the start: a first rejection must show as an increase (core/metrics.py).
         self._counters = {k: zero_counter(c) for k, c in {
             "evolutions_triggered": Counter("clawray_evolutions_triggered_total", "Evolutions started."),
@@ -201,7 +201,7 @@ class Evolver:
         """One collective job run now (`clawray skills evolve --now`), exclusive with fast-loop evolutions."""
         if self._collective is None:
             raise RuntimeError("collective evolution is off (evolver.collective.enabled) or not wired")
-        out = await self._collective.run(self._loop.lock)
+        out = await self._collective.run()
         await self._publish()
         self._export()
         return out
@@ -210,7 +210,7 @@ class Evolver:
         """Widen skill `name`'s scope through the validation gate (`clawray skills promote`)."""
         if self._collective is None:
             raise RuntimeError("collective evolution is off (evolver.collective.enabled) or not wired")
-        out = await self._collective.promote(name, scope, self._loop.lock)
+        out = await self._collective.promote(name, scope)
         await self._publish()
         self._export()
         return out

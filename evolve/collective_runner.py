@@ -81,7 +81,7 @@ class CollectiveRunner:
 
     def __init__(self, bank: SkillBank, cfg: CollectiveConfig, storage_root: str, state: dict | None,
                  replay: ReplayLink, gate: dict[str, Any] | None, omls: tuple[str, str] | None = None,
-                 llm: LLMEndpoint | None = None):
+                 llm: LLMEndpoint | None = None, lock: asyncio.Lock | None = None):
         self.cfg, self.bank, self.omls = cfg, bank, omls
         self.store = EvidenceStore(Path(storage_root), state)
         validator = None
@@ -98,7 +98,9 @@ class CollectiveRunner:
         self.job = (CollectiveJob(bank, self.store, control_store(storage_root, state), cfg, validator, replay,
                                   decider=decider)
                     if validator is not None or not cfg.gate.enabled else None)
-        self._running = asyncio.Lock()
+        # Every run and promotion holds `lock` (the fast loop's: evolve/loop.py `EvolutionLoop.lock`), so
+        # no two writers of the bank decide on the same library at once, scheduled runs included.
+        self._lock = lock or asyncio.Lock()
         self._task: asyncio.Task | None = None
         self.last: dict[str, Any] | None = None
         self.counts = {"evidence_rows": 0, "runs": 0, "published": 0, "rejected": 0, "errors": 0}
@@ -136,18 +138,18 @@ class CollectiveRunner:
             return False
         return bool(state.get("open_signals"))
 
-    async def run(self, lock: asyncio.Lock | None = None) -> dict[str, Any]:
-        """One job run (one at a time in this actor; `lock`: also exclusive with fast-loop evolutions)."""
+    def _job(self) -> CollectiveJob:
         if self.job is None:
             raise RuntimeError("the validation gate is on but the Evolver was started without the engine and "
                                "PRM names to run it (start it through the composition root, cluster/system.py)")
-        async with self._running:
+        return self.job
+
+    async def run(self) -> dict[str, Any]:
+        """One job run, exclusive with other runs, promotions and fast-loop evolutions."""
+        job = self._job()
+        async with self._lock:
             try:
-                if lock is None:
-                    report = await self.job.run()
-                else:
-                    async with lock:
-                        report = await self.job.run()
+                report = await job.run()
             except GateUnavailable as e:
                 self.counts["errors"] += 1
                 self.last = {"error": str(e)}
@@ -155,16 +157,11 @@ class CollectiveRunner:
         self._count(report)
         return report.as_dict()
 
-    async def promote(self, name: str, scope: str, lock: asyncio.Lock | None = None) -> dict[str, Any]:
-        """`CollectiveJob.promote`, one at a time with runs (and fast-loop evolutions, with `lock`)."""
-        if self.job is None:
-            raise RuntimeError("the validation gate is on but the Evolver was started without the engine and "
-                               "PRM names to run it (start it through the composition root, cluster/system.py)")
-        async with self._running:
-            if lock is None:
-                return await self.job.promote(name, scope)
-            async with lock:
-                return await self.job.promote(name, scope)
+    async def promote(self, name: str, scope: str) -> dict[str, Any]:
+        """`CollectiveJob.promote`, exclusive like `run`."""
+        job = self._job()
+        async with self._lock:
+            return await job.promote(name, scope)
 
     def _count(self, report: JobReport) -> None:
         self.counts["runs"] += 1

@@ -154,3 +154,25 @@ def test_two_concurrent_jobs_lose_no_update(tmp_path):
     assert final.version_of("boxed-answers") == 3
     bases = [r.get("base_version") for r in final.history() if r["name"] == "boxed-answers" and r["action"] == "update"]
     assert bases == [1, 2]  # B's write was made on A's version, never over it
+
+
+def test_every_run_waits_for_the_fast_loops_evolution(tmp_path):
+    """The scheduled run calls `run()` with no arguments: it must still be exclusive with a fast-loop
+    evolution writing the same bank (the lock the runner was built with), not only `evolve --now`."""
+    from evolve.collective_runner import CollectiveRunner
+    from evolve.loop import NoReplay
+
+    async def scenario():
+        loop_lock = asyncio.Lock()
+        cfg = CollectiveConfig(gate=GateConfig(enabled=False))
+        runner = CollectiveRunner(SkillBank(tmp_path / "skills", SkillsConfig()), cfg, str(tmp_path), None,
+                                  NoReplay(), None, lock=loop_lock)
+        async with loop_lock:  # a fast-loop evolution is writing the bank
+            task = asyncio.create_task(runner.run())
+            await asyncio.sleep(0)
+            for _ in range(5):
+                await asyncio.sleep(0)
+            assert not task.done()
+        return await task
+
+    assert asyncio.run(scenario())["skipped_reason"] == "no new sessions since the last run"
