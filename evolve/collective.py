@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from core.contracts import Skill
@@ -71,11 +71,6 @@ class Decision:
     candidate: Skill | None = None
     base_version: int = 0  # the version the candidate was made from (0: a new skill)
     evidence: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["candidate"] = self.candidate.model_dump() if self.candidate is not None else None
-        return out
 
 
 def summarise(session_id: str, rows: Sequence[Evidence]) -> SessionSummary:
