@@ -41,8 +41,8 @@ def _text(content: Any) -> str:
     """Text of a message's content: a string, or the text (and nested `tool_result`) parts of a list."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        return "".join(p.get("text") or _text(p.get("content")) for p in content
+    if isinstance(content, list):  # a stray non-string `text` (engines ignore unknown keys) reads as none
+        return "".join(_text(p.get("text")) or _text(p.get("content")) for p in content
                        if isinstance(p, dict) and p.get("type") != "tool_use")
     return ""
 

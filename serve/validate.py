@@ -9,7 +9,9 @@ Known values: the request types of the `openai` (3.57) and `anthropic` (2.14) SD
 types vLLM's renderer also accepts (its extensions), so nothing vLLM serves today is refused. A known type
 this engine cannot render (an OpenAI `file` part, an Anthropic `document` block) is left to the engine,
 which refuses it by name. Parts without a `type` are left to the engine too (vLLM reads `{"image_url":
-...}` parts by their key).
+...}` parts by their key). The fields the Proxy itself reads before the engine (`tools`, Anthropic's
+`system`, a text part's `text`) are checked for their shape here: the context fitter counts them, and a
+`"tools": 7` reaching it was a 500 (found by the CI fuzz run; tests/unit/test_proxy_hostile_bodies.py).
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ ANTHROPIC_BLOCK_TYPES = frozenset({
     "container_upload",
     "tool_reference", "tool_addition", "tool_removal",  # vLLM's (anthropic/protocol.py)
 })
+ANTHROPIC_SYSTEM_TYPES = frozenset({"text"})
 ANTHROPIC_TOOL_RESULT_TYPES = frozenset({"text", "image", "search_result", "document", "tool_reference",
                                          "browser_state"})
+TEXT_TYPES = frozenset({"text", "input_text", "output_text"})  # parts whose `text` is the content
 RESPONSES_ITEM_TYPES = frozenset({
     "message", "file_search_call", "computer_call", "computer_call_output", "web_search_call",
     "function_call", "function_call_output", "tool_search_call", "tool_search_output", "additional_tools",
@@ -67,6 +71,8 @@ def _check_type(where: str, part: Any, known: frozenset[str], what: str) -> None
     if not isinstance(kind, str) or kind not in known:
         raise RequestError(f"{where}.type: invalid value {kind!r}: not a known {what} type. "
                            f"Supported values are: {_one_of(known)}")
+    if kind in TEXT_TYPES and not isinstance(part.get("text"), str):
+        raise RequestError(f"{where}.text: a {kind} {what} needs its text as a string")
 
 
 def _check_content(where: str, content: Any, known: frozenset[str], what: str) -> None:
@@ -78,9 +84,22 @@ def _check_content(where: str, content: Any, known: frozenset[str], what: str) -
         _check_type(f"{where}[{j}]", part, known, what)
 
 
+def _check_tools(body: dict[str, Any]) -> None:
+    """`tools`, when sent, is an array of tool objects (all three APIs)."""
+    tools = body.get("tools")
+    if tools is None:
+        return
+    if not isinstance(tools, list):
+        raise RequestError("tools must be an array of tool objects")
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise RequestError(f"tools[{i}] must be an object")
+
+
 def check_chat(body: dict[str, Any]) -> None:
     """OpenAI chat completions: `messages`, each with a known role and known content part types."""
     require_messages(body)
+    _check_tools(body)
     for i, m in enumerate(body["messages"]):
         if m["role"] not in OPENAI_ROLES:
             raise RequestError(f"messages[{i}].role: invalid value {m['role']!r}. "
@@ -89,8 +108,11 @@ def check_chat(body: dict[str, Any]) -> None:
 
 
 def check_messages(body: dict[str, Any]) -> None:
-    """Anthropic messages (and count_tokens): known roles and content block types, tool results included."""
+    """Anthropic messages (and count_tokens): known roles and content block types, tool results included;
+    `system` as text or text blocks."""
     require_messages(body)
+    _check_tools(body)
+    _check_content("system", body.get("system"), ANTHROPIC_SYSTEM_TYPES, "system block")
     for i, m in enumerate(body["messages"]):
         if m["role"] not in ANTHROPIC_ROLES:
             raise RequestError(f"messages.{i}.role: invalid value {m['role']!r}. "
@@ -110,6 +132,7 @@ def check_responses(body: dict[str, Any]) -> None:
     for field in ("previous_response_id", "conversation"):
         if body.get(field) is not None:
             raise RequestError(f"{field} is not supported: {STATELESS_HINT}")
+    _check_tools(body)
     items = body.get("input")
     if items is None:
         raise RequestError("'input' is required")
