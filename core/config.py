@@ -204,6 +204,18 @@ class SkillsConfig(Section):
     groups: dict[str, list[str]] = Field(default_factory=dict)
 
 
+class SandboxConfig(Section):
+    """Replays with the agent's tools (evolve/sandbox.py): a task whose request offered tools is replayed
+    as an agent loop, the tool calls run by `tools` in a fresh copy of `workspace_src`, and graded on the
+    files it left. For workloads whose tools run here (a harness's file tools); real agents' tools run on
+    their user's machine, so their tasks are graded on the reply alone."""
+
+    tools: str  # "module:attribute": an object with `specs` (OpenAI tool definitions) and `run(ws, name, args)`
+    workspace_src: str | None = None  # copied per replay; None: each replay starts in an empty folder
+    max_steps: int = Field(default=2, ge=0)  # rounds of tool calls before the final reply
+    max_bytes: int = Field(default=4 << 20, ge=1)  # the workspace a replay leaves, sent to the grader at most
+
+
 class GateConfig(Section):
     """The validation gate of collective evolution (evolve/gate.py); SkillClaw's defaults."""
 
@@ -217,6 +229,7 @@ class GateConfig(Section):
     max_tasks: int = Field(default=8, ge=1)  # of the group's own tasks, newest first
     max_tokens: int = Field(default=256, ge=1)  # per replayed reply (greedy)
     timeout_s: float = Field(default=120.0, gt=0)  # per engine call
+    sandbox: SandboxConfig | None = None  # replay tasks with their tools (None: replies alone)
 
 
 class CollectiveConfig(Section):

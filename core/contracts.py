@@ -78,6 +78,7 @@ class Turn(Record):
     response_logprobs: list[float]  # (R,) engine logprob of each sampled id, nats
     response_text: str = ""
     tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    tools: list[str] = Field(default_factory=list)  # names of the tools the request offered
     finish_reason: str | None = None  # "length": cut by max_tokens (see `truncated`)
     sampling: Sampling = Field(default_factory=Sampling)  # what the response was sampled with
     # Output-token limit: what the client asked (max_tokens / max_completion_tokens / max_output_tokens;
@@ -235,6 +236,18 @@ class AdapterManifest(Record):
         if self.name != adapter_name(self.version):
             raise ValueError(f"adapter name {self.name!r} does not match version {self.version}")
         return self
+
+
+def tool_names(tools: Any) -> list[str]:
+    """Names of a request's tool definitions, any client API: OpenAI chat (`{"function": {"name"}}`),
+    Responses and Anthropic (`{"name"}`); anything else is skipped."""
+    out: list[str] = []
+    for spec in tools if isinstance(tools, list) else ():
+        fn = spec.get("function") if isinstance(spec, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else spec.get("name") if isinstance(spec, dict) else None
+        if isinstance(name, str) and name not in out:
+            out.append(name)
+    return out
 
 
 def adapter_name(version: int) -> str:

@@ -28,6 +28,7 @@ from evolve.collective_job import CollectiveJob, JobReport
 from evolve.evidence import EvidenceStore, evidence_from
 from evolve.gate import Validator
 from evolve.loop import ReplayLink
+from evolve.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 
@@ -37,38 +38,45 @@ class GateUnavailable(RuntimeError):
 
 
 class ServeGenerate:
-    """`generate(messages, max_tokens) -> reply text` through the engine deployment's `chat`."""
+    """`generate(messages, max_tokens) -> reply text` through the engine deployment's `chat`; `chat(messages,
+    tools, max_tokens) -> the assistant message` for replays with tools (evolve/sandbox.py)."""
 
     def __init__(self, deployment: str, app: str, model: str, timeout_s: float):
         self.deployment, self.app, self.model, self.timeout_s = deployment, app, model, timeout_s
         self._handle: Any = None
 
-    async def __call__(self, messages: list[dict[str, Any]], max_tokens: int) -> str:
+    async def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                   max_tokens: int) -> dict[str, Any]:
         from ray import serve
 
         if self._handle is None:
             self._handle = serve.get_deployment_handle(self.deployment, app_name=self.app)
-        body = {"model": self.model, "messages": messages, "temperature": 0.0, "max_tokens": max_tokens}
+        body = {"model": self.model, "messages": messages, "temperature": 0.0, "max_tokens": max_tokens,
+                **({"tools": tools} if tools else {})}
         try:
             reply = await asyncio.wait_for(self._handle.chat.remote(body), self.timeout_s)
         except Exception as e:  # noqa: BLE001 - down, asleep for training, refused: the run is retried later
             raise GateUnavailable(f"the engine could not replay a task: {type(e).__name__}: {str(e)[:200]}") from e
         choices = reply.body.get("choices") or [{}]
-        return (choices[0].get("message") or {}).get("content") or ""
+        return choices[0].get("message") or {}
+
+    async def __call__(self, messages: list[dict[str, Any]], max_tokens: int) -> str:
+        return (await self.chat(messages, None, max_tokens)).get("content") or ""
 
 
 class PrmGrade:
-    """`grade(messages, reply, eval_spec) -> float | None` on a PRM actor of the pool."""
+    """`grade(messages, reply, eval_spec, files) -> float | None` on a PRM actor of the pool."""
 
     def __init__(self, prms: list[str], namespace: str, timeout_s: float):
         self.prms, self.namespace, self.timeout_s = prms, namespace, timeout_s
 
-    async def __call__(self, messages: list[dict[str, Any]], reply: str, eval_spec: dict[str, Any] | None) -> float | None:
+    async def __call__(self, messages: list[dict[str, Any]], reply: str, eval_spec: dict[str, Any] | None,
+                       files: dict[str, bytes] | None = None) -> float | None:
         name = self.prms[zlib.crc32(reply.encode()) % len(self.prms)]
         try:
             handle = names.actor(name, self.namespace, timeout_s=self.timeout_s)
             with names.forget_if_dead(name, self.namespace):
-                return await asyncio.wait_for(handle.grade.remote(messages, reply, eval_spec), self.timeout_s)
+                return await asyncio.wait_for(handle.grade.remote(messages, reply, eval_spec, files), self.timeout_s)
         except Exception as e:  # noqa: BLE001 - a PRM down or its judge unavailable: retry the run later
             raise GateUnavailable(f"{name} could not grade a replay: {type(e).__name__}: {str(e)[:200]}") from e
 
@@ -87,8 +95,10 @@ class CollectiveRunner:
         validator = None
         if cfg.gate.enabled and gate is not None:
             eng = gate["engine"]
-            validator = Validator(cfg.gate, ServeGenerate(eng["deployment"], eng["app"], eng["model"], cfg.gate.timeout_s),
-                                  PrmGrade(list(gate["prms"]), gate["namespace"], cfg.gate.timeout_s))
+            generate = ServeGenerate(eng["deployment"], eng["app"], eng["model"], cfg.gate.timeout_s)
+            sandbox = Sandbox(cfg.gate.sandbox) if cfg.gate.sandbox is not None else None
+            validator = Validator(cfg.gate, generate, PrmGrade(list(gate["prms"]), gate["namespace"], cfg.gate.timeout_s),
+                                  chat=generate.chat, sandbox=sandbox)
         decider = None
         if cfg.llm or llm:
             from core.llm import LLMClient

@@ -67,6 +67,7 @@ class Evidence(BaseModel):
     reward: float
     skills: list[str] = Field(default_factory=list)  # injected into the turn
     touched: list[str] = Field(default_factory=list)  # read or modified through the agent's tools
+    tools: list[str] = Field(default_factory=list)  # the tools its request offered (the gate replays with them)
     instruction: str = ""
     response: str = ""
     feedback: str = ""
@@ -168,7 +169,7 @@ def evidence_from(turn: Turn, sample: Sample, known: Iterable[str]) -> Evidence:
     instruction, response, feedback = turn_texts(turn)
     return Evidence(turn_id=turn.turn_id, session_id=turn.session_id, tenant=turn.tenant,
                     turn_index=turn.turn_index, created_at=turn.created_at, reward=float(sample.reward),
-                    skills=list(turn.skills), touched=touched_skills(turn.tool_calls, known),
+                    skills=list(turn.skills), touched=touched_skills(turn.tool_calls, known), tools=list(turn.tools),
                     instruction=_cut(instruction), response=_cut(response),
                     feedback=_cut(feedback), eval_spec=turn.eval_spec,
                     # Only a turn with a check can be replayed by the gate: keep the (possibly long) request

@@ -14,7 +14,10 @@ candidate's grade beats the current one's, or matches it at a passing grade (>= 
 
 `Validator` runs the replays with two injected callables (the composition root wires the engine's Serve
 handle and the PRM actor; evolve/ imports neither plane): `generate(messages, max_tokens) -> str` and
-`grade(messages, reply, eval_spec) -> float | None` (None: nothing could grade it; left out).
+`grade(messages, reply, eval_spec, files) -> float | None` (None: nothing could grade it; left out).
+With a sandbox (evolve/sandbox.py) and a `chat` callable, a task whose request offered tools the sandbox
+has is replayed with them, and graded on the reply and the files the replay left (`files`; None for a
+reply-only replay).
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ from core.config import GateConfig
 from core.contracts import Skill
 from evolve.evidence import Evidence
 from evolve.retrieval import render_skills_block
+from evolve.sandbox import Chat, Sandbox, SandboxError
 
 Generate = Callable[[list[dict[str, Any]], int], Awaitable[str]]
-Grade = Callable[[list[dict[str, Any]], str, dict[str, Any] | None], Awaitable[float | None]]
+Grade = Callable[[list[dict[str, Any]], str, dict[str, Any] | None, dict[str, bytes] | None],
+                 Awaitable[float | None]]
 
 
 @dataclass
@@ -119,8 +124,10 @@ def replayable(rows: Sequence[Evidence]) -> list[Evidence]:
 class Validator:
     """A/B replays through the engine, graded by the PRM (module docstring)."""
 
-    def __init__(self, cfg: GateConfig, generate: Generate, grade: Grade, concurrency: int = 2):
+    def __init__(self, cfg: GateConfig, generate: Generate, grade: Grade, concurrency: int = 2,
+                 chat: Chat | None = None, sandbox: Sandbox | None = None):
         self.cfg, self.generate, self.grade = cfg, generate, grade
+        self.chat, self.sandbox = chat, sandbox
         self._sem = asyncio.Semaphore(concurrency)
 
     async def validate(self, candidate: Skill, current: Skill | None, tasks: Sequence[Evidence],
@@ -143,6 +150,13 @@ class Validator:
 
     async def _run(self, e: Evidence, skill: Skill | None) -> float | None:
         messages = with_skill(e.messages, skill)
+        if self.sandbox is not None and self.chat is not None and self.sandbox.offered(e.tools):
+            try:
+                async with self._sem:
+                    reply, files = await self.sandbox.replay(self.chat, messages, e.tools, self.cfg.max_tokens)
+            except SandboxError:  # its workspace grew past what the grader is sent: not gradable
+                return None
+            return await self.grade(messages, reply, e.eval_spec, files)
         async with self._sem:
             reply = await self.generate(messages, self.cfg.max_tokens)
-        return await self.grade(messages, reply, e.eval_spec)
+        return await self.grade(messages, reply, e.eval_spec, None)

@@ -52,7 +52,7 @@ SETTLE_TIMEOUT_S = 180.0
 WINDOW_TIMEOUT_S = 240.0
 
 
-def demo_config(cfg: ClawrayConfig, storage_root: Path | None = None) -> ClawrayConfig:
+def demo_config(cfg: ClawrayConfig, storage_root: Path | None = None, workspace_src: Path | None = None) -> ClawrayConfig:
     """The embedded default with the clock-like knobs turned to seconds so a workday fits in minutes.
 
     Evolution triggers are off: the demo evolves once per day at midday (module docstring). The
@@ -69,6 +69,9 @@ def demo_config(cfg: ClawrayConfig, storage_root: Path | None = None) -> Clawray
     # and to no one else (evolve/scopes.py).
     data["skills"]["groups"] = {**data["skills"].get("groups", {}), "team": list(USERS)}
     data["evolver"]["collective"]["gate"]["max_tokens"] = 24  # the demo's replies are 24 tokens (driver.py)
+    # The gate replays file tasks with the users' tools in a copy of the workload's workspace (evolve/sandbox.py).
+    data["evolver"]["collective"]["gate"]["sandbox"] = {
+        "tools": "harness.tools:WORKSPACE_TOOLS", "workspace_src": str(workspace_src) if workspace_src else None}
     data["train"].update(min_fresh_samples=4, max_steps_per_window=3, batch_size=8)
     return config_from_dict(data, "demo")
 
@@ -400,14 +403,16 @@ def run_demo(cfg: ClawrayConfig, workload: Path | None = None, console: Console 
              rounds: int | None = None, storage_root: Path | None = None) -> list[Verdict]:
     """Run the demo; returns the stage verdicts (the CLI exits non-zero on the first failed one)."""
     from cluster.runtime import runtime_env_vars
+    from harness.workload import load_workload
 
-    cfg = demo_config(cfg, storage_root)
+    workload = workload or DEFAULT_WORKLOAD
+    cfg = demo_config(cfg, storage_root, load_workload(workload).workspace_src)
     for k, v in runtime_env_vars(cfg).items():
         os.environ.setdefault(k, v)
     console = console or Console()
     if console.width < 160:  # the summary table has 12 columns; don't squash it in a pipe or CI log
         console = Console(width=160)
-    verdicts = Demo(cfg, workload or DEFAULT_WORKLOAD, console, rounds).run()
+    verdicts = Demo(cfg, workload, console, rounds).run()
     failed = first_failure(verdicts)
     if failed is None:
         console.print("[green]demo finished: every stage happened; nothing left running[/]")

@@ -18,19 +18,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.tools import TOOLS, run_tool
 from harness.workload import Day, Round, Workload
 from rewards.checkers import CheckerSpecError, evaluate
 from rewards.checkers.choice import parse_choices
 
-TOOLS = [
-    {"type": "function", "function": {
-        "name": "write_file", "description": "Write a text file in the workspace",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-                       "required": ["path", "content"]}}},
-    {"type": "function", "function": {
-        "name": "read_file", "description": "Read a text file from the workspace",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
-]
 MAX_TOOL_STEPS = 2
 
 
@@ -56,28 +48,6 @@ def prepare_workspace(workload: Workload, root: Path, user: str) -> Path:
         shutil.copytree(workload.workspace_src, ws)
     ws.mkdir(parents=True, exist_ok=True)
     return ws
-
-
-def _inside(ws: Path, rel: str) -> Path:
-    p = (ws / rel).resolve()
-    if not p.is_relative_to(ws.resolve()):
-        raise ValueError(f"path {rel!r} escapes the workspace")
-    return p
-
-
-def run_tool(ws: Path, name: str, args_json: str) -> str:
-    try:
-        args = json.loads(args_json or "{}")
-        if name == "write_file":
-            p = _inside(ws, str(args["path"]))
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(str(args.get("content", "")), encoding="utf-8")
-            return f"wrote {args['path']}"
-        if name == "read_file":
-            return _inside(ws, str(args["path"])).read_text(encoding="utf-8")[:2000]
-        return f"unknown tool {name}"
-    except (ValueError, KeyError, OSError, TypeError) as e:
-        return f"error: {e}"
 
 
 def score_round(r: Round, reply: str, ws_root: Path, user: str) -> tuple[float, bool, str]:

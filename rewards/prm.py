@@ -130,10 +130,11 @@ class PRM:
             observer.notify(turn, sample)
         return sample
 
-    async def grade(self, messages: list[dict[str, Any]], reply: str, eval_spec: dict[str, Any] | None) -> float | None:
-        """Grade a replayed reply in [0, 1] with this PRM's checkers/judge (the validation gate's A/B;
-        nothing is stored): `Scorer.grade`."""
-        return await self.scorer.grade(messages, reply, eval_spec)
+    async def grade(self, messages: list[dict[str, Any]], reply: str, eval_spec: dict[str, Any] | None,
+                    files: dict[str, bytes] | None = None) -> float | None:
+        """Grade a replayed reply (and the files a replay with tools left) in [0, 1] with this PRM's
+        checkers/judge (the validation gate's A/B; nothing is stored): `Scorer.grade`."""
+        return await self.scorer.grade(messages, reply, eval_spec, files)
 
     async def status(self) -> dict[str, Any]:
         return {"counts": dict(self.counts), "usage": self.scorer.usage()}

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 from pathlib import Path
 
 from core.config import ConfigError, RewardsConfig
 from core.contracts import Sample, Turn, TurnType, Vote
 from core.llm import LLMClient, LLMError
 from rewards import opd
-from rewards.checkers import CheckerSpecError, CheckResult, evaluate
+from rewards.checkers import CheckerSpecError, CheckResult, evaluate, resolve_inside
 from rewards.engine_judge import EngineJudge
 from rewards.errors import JudgeUnavailable
 from rewards.judge import build_judge_messages
@@ -24,6 +25,21 @@ from rewards.votes import parse_score
 log = logging.getLogger(__name__)
 
 DEFAULT_JUDGE_MAX_TOKENS = 256
+
+
+def _evaluate_replay(spec: dict, reply: str, files: dict[str, bytes] | None, allowed) -> CheckResult:
+    """`evaluate` on a replay: reply-only, or with `files` written to a fresh folder at the spec's workspace."""
+    if files is None:
+        return evaluate(spec, reply, None, allowed=allowed)
+    with tempfile.TemporaryDirectory(prefix="clawray-grade-") as tmp:
+        root = Path(tmp)
+        ws = resolve_inside(root, str(spec["workspace"])) if spec.get("workspace") is not None else root
+        ws.mkdir(parents=True, exist_ok=True)
+        for rel, data in files.items():
+            target = resolve_inside(ws, rel)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        return evaluate(spec, reply, root, allowed=allowed)
 
 
 class Scorer:
@@ -126,11 +142,14 @@ class Scorer:
             sample.teacher_logprobs = await opd.teacher_logprobs(self.teacher, turn)
         return sample
 
-    async def grade(self, messages: list[dict], reply: str, eval_spec: dict | None) -> float | None:
+    async def grade(self, messages: list[dict], reply: str, eval_spec: dict | None,
+                    files: dict[str, bytes] | None = None) -> float | None:
         """A reply to `messages` graded in [0, 1] without a next state, as the validation gate replays
         tasks (evolve/gate.py): the task's checker score on the reply alone, else (no check sent) the
-        judge's majority mapped from {-1, 0, 1} to {0, 0.5, 1}, else None (nothing can grade it). A check
-        that reads a workspace is None too: a replay changed no files, so the workspace would grade the
+        judge's majority mapped from {-1, 0, 1} to {0, 0.5, 1}, else None (nothing can grade it).
+        `files`: the workspace a replay with tools left (evolve/sandbox.py), laid out where the spec's
+        workspace is, so file checks grade what the replay wrote. Without them a check that reads a
+        workspace is None: a reply-only replay changed no files, so the user's workspace would grade the
         original session, not this reply. Raises JudgeUnavailable like `score`."""
         turn = Turn(session_id="validation", turn_index=0, messages=messages, prompt_ids=[], response_ids=[],
                     response_logprobs=[], response_text=reply, eval_spec=eval_spec)
@@ -138,8 +157,8 @@ class Scorer:
             if not self.cfg.checkers:
                 return None
             try:
-                check = await asyncio.to_thread(evaluate, eval_spec, reply, None, allowed=self.cfg.checkers)
-            except CheckerSpecError:  # it needs the workspace (or the spec is unusable)
+                check = await asyncio.to_thread(_evaluate_replay, eval_spec, reply, files, self.cfg.checkers)
+            except CheckerSpecError:  # it needs a workspace it was not sent (or the spec is unusable)
                 return None
             return float(check.score)
         votes = await self._votes(turn)

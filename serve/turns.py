@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.contracts import Turn, TurnType
+from core.contracts import Turn, TurnType, tool_names
 from memory.units import SCOPE_CAPS
 from serve.history import params_key
 from serve.protocol import Reply
@@ -50,6 +50,7 @@ class TurnMeta:
     memories: tuple[str, ...] = ()  # ids of the memory units injected (set by the Proxy after retrieval)
     max_tokens_requested: int | None = None  # the client's output-token limit (serve/budget.py)
     context: dict[str, Any] | None = None  # what context management did (serve/context.py); None: nothing
+    tools: tuple[str, ...] = ()  # names of the tools the request offered
 
 
 def _truthy(v: Any) -> bool:
@@ -175,6 +176,7 @@ def extract_meta(body: dict[str, Any], headers: dict[str, str], client_key: str,
         derived=session is None,
         params=params_key(body),
         memory_scope=memory_scope,
+        tools=tuple(tool_names(body.get("tools"))),
     )
 
 
@@ -199,6 +201,7 @@ def turns_from_reply(
                 response_logprobs=c.logprobs,
                 response_text=c.text,
                 tool_calls=tool_calls[idx] if idx < len(tool_calls) else [],
+                tools=list(meta.tools),
                 finish_reason=c.finish_reason,
                 skills=skills,
                 memories=list(meta.memories),

@@ -43,6 +43,7 @@ __all__ = [
     "UnknownChecker",
     "evaluate",
     "get_checker",
+    "resolve_inside",
     "spec_type",
 ]
 

@@ -173,7 +173,7 @@ def test_validator_replays_current_and_candidate_and_grades_both():
         seen.append(system)
         return "\\boxed{B}" if "boxed-answers" in system else "B"
 
-    async def grade(messages, reply, eval_spec):
+    async def grade(messages, reply, eval_spec, files=None):
         return 1.0 if reply == "\\boxed{B}" else 0.0
 
     tasks = [ev("g", i, -1.0, spec=spec) for i in range(3)] + [ev("nospec", 0, -1.0)]
@@ -184,7 +184,7 @@ def test_validator_replays_current_and_candidate_and_grades_both():
     assert len(seen) == 8 and sum("boxed-answers" in s for s in seen) == 4  # A and B for each of 4 tasks
     assert with_skill([{"role": "user", "content": "q"}], rule)[0]["role"] == "system"
 
-    async def ungradable(messages, reply, eval_spec):
+    async def ungradable(messages, reply, eval_spec, files=None):
         return None
 
     v = asyncio.run(Validator(GateConfig(), generate, ungradable).validate(rule, None, tasks, held))

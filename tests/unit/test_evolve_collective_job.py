@@ -36,7 +36,7 @@ def follow_rules(messages: list[dict]) -> str:
     return f"\\boxed{{{letter}}}" if "\\boxed" in system else letter
 
 
-async def grade(messages, reply, spec):
+async def grade(messages, reply, spec, files=None):
     return evaluate(spec, reply, None).score
 
 

@@ -140,7 +140,7 @@ def promote_job(tmp_path: Path, follows_rules: bool) -> CollectiveJob:
         boxed = follows_rules and "\\boxed" in messages[0]["content"]
         return "\\boxed{B}" if boxed else "B"
 
-    async def grade(messages, reply, spec):
+    async def grade(messages, reply, spec, files=None):
         return evaluate(spec, reply, None).score
 
     cfg = CollectiveConfig(gate=GateConfig(held_back=2))

@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 
 from core.config import REPO_ROOT
-from harness.driver import run_tool, score_round
+from harness.driver import score_round
+from harness.tools import run_tool
 from harness.workload import Round, load_workload, replayable
 
 SHARED = REPO_ROOT.parent / "shared" / "metaclaw-bench-small"
