@@ -161,7 +161,7 @@ def adapters_to_remove(names: Iterable[str], keep: set[str], keep_newest: int) -
     `policy-vNNNN` goes. Names that are not versions (`active.json`, temp folders) are never listed.
     """
     versions = sorted((int(m.group(1)), n) for n in names if (m := ADAPTER_NAME_RE.fullmatch(n)))
-    newest = {n for _, n in versions[len(versions) - keep_newest:]} if keep_newest > 0 else set()
+    newest = {n for _, n in versions[max(0, len(versions) - keep_newest):]} if keep_newest > 0 else set()
     return [n for _, n in versions if n not in keep and n not in newest]
 
 
