@@ -32,7 +32,7 @@ from core.config import GateConfig
 from core.contracts import Skill
 from evolve.evidence import Evidence
 from evolve.retrieval import render_skills_block
-from evolve.sandbox import Chat, Sandbox, SandboxError
+from evolve.sandbox import Chat, Sandbox, SandboxError, task_messages
 
 Generate = Callable[[list[dict[str, Any]], int], Awaitable[str]]
 Grade = Callable[[list[dict[str, Any]], str, dict[str, Any] | None, dict[str, bytes] | None],
@@ -132,13 +132,26 @@ class Validator:
 
     async def validate(self, candidate: Skill, current: Skill | None, tasks: Sequence[Evidence],
                        held_back: Sequence[Evidence] = ()) -> Verdict:
-        jobs = [(e, False) for e in replayable(tasks)[-self.cfg.max_tasks:]]
-        jobs += [(e, True) for e in replayable(held_back)[: self.cfg.held_back]]
+        jobs = [(e, False) for e in self._distinct(replayable(tasks))[-self.cfg.max_tasks:]]
+        jobs += [(e, True) for e in self._distinct(replayable(held_back))[: self.cfg.held_back]]
         if not jobs:
             return verdict([], self.cfg)
         outs = await asyncio.gather(*(self._one(e, back, candidate, current) for e, back in jobs))
         results = [r for r in outs if r is not None]
         return verdict(results, self.cfg, ungraded=len(outs) - len(results))
+
+    def _with_tools(self, e: Evidence) -> bool:
+        return self.sandbox is not None and self.chat is not None and bool(self.sandbox.offered(e.tools))
+
+    def _distinct(self, rows: Sequence[Evidence]) -> list[Evidence]:
+        """`rows`, each task once: an agent's tool steps are turns of one task, which a replay with tools
+        runs from the task's start, so only the last recorded step of it is kept."""
+        last: dict[tuple[str, int], int] = {}
+        for i, e in enumerate(rows):
+            if self._with_tools(e):
+                last[(e.session_id, len(task_messages(e.messages)))] = i
+        kept = set(last.values())
+        return [e for i, e in enumerate(rows) if i in kept or not self._with_tools(e)]
 
     async def _one(self, e: Evidence, back: bool, candidate: Skill, current: Skill | None) -> TaskResult | None:
         # Held-back tasks compare the candidate against the library as it is for them: no candidate.
@@ -150,7 +163,7 @@ class Validator:
 
     async def _run(self, e: Evidence, skill: Skill | None) -> float | None:
         messages = with_skill(e.messages, skill)
-        if self.sandbox is not None and self.chat is not None and self.sandbox.offered(e.tools):
+        if self._with_tools(e):
             try:
                 async with self._sem:
                     reply, files = await self.sandbox.replay(self.chat, messages, e.tools, self.cfg.max_tokens)

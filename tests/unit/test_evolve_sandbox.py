@@ -142,6 +142,13 @@ def test_the_gate_approves_a_skill_whose_replays_write_the_checked_file(src):
     assert v.approved and (v.results, v.current_mean, v.candidate_mean) == (2, 0.0, 1.0)
     assert len(chat.requests) == 8  # 2 tasks x (A, B) x (tool step, final reply)
 
+    # A task's tool steps are turns of one task: replayed once, from its start.
+    step0 = task("a").model_copy(update={"turn_id": "a0", "messages": task("a").messages[:2]})
+    chat.requests.clear()
+    v = asyncio.run(Validator(GateConfig(held_back=0), generate, scorer.grade, chat=chat, sandbox=sandbox(src))
+                    .validate(RULE, None, [step0, task("a")]))
+    assert v.results == 1 and len(chat.requests) == 4
+
     # Without a sandbox the same tasks are graded on the reply alone: the file check cannot say.
     async def reply_only(messages, max_tokens):
         return "done"
