@@ -78,10 +78,14 @@ def samples(seed: int = 0):
     return out
 
 
-def _cfg():
+def _cfg(**kw):
     from core.config import LoRAConfig, TrainConfig
 
-    return TrainConfig(loss="ppo", lr=LR, batch_size=BATCH, lora=LoRAConfig(rank=RANK, alpha=ALPHA, target_modules=TARGETS))
+    return TrainConfig(loss="ppo", lr=LR, batch_size=BATCH, lora=LoRAConfig(rank=RANK, alpha=ALPHA, target_modules=TARGETS),
+                       **kw)
+
+
+MICRO: dict[str, Any] = {}  # TrainConfig overrides of the clawray side (--micro-tokens)
 
 
 def run_clawray(path: Path, batch) -> Any:
@@ -90,7 +94,7 @@ def run_clawray(path: Path, batch) -> Any:
     from train.model import DDPBackend, build_peft_model
     from train.step import train_step
 
-    cfg = _cfg()
+    cfg = _cfg(**MICRO)
     model = build_peft_model(str(path), cfg, torch.device("cpu"))
     model.train()
     backend = DDPBackend(model, cfg, torch.device("cpu"), world=1)
@@ -146,7 +150,8 @@ def worker(impl: str, layers: int, steps: int, warmup: int, threads: int) -> dic
 def _spawn(impl: str, layers: int, steps: int, warmup: int, threads: int) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "benchmarks.trainer_floor", "--worker", impl, "--layers", str(layers),
-           "--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads)]
+           "--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads),
+           "--micro-tokens", str(MICRO.get("micro_batch_tokens", "default")).lower()]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise RuntimeError(f"{impl} failed:\n{proc.stderr[-3000:]}")
@@ -161,7 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="4 layers instead of 24")
     ap.add_argument("--worker", choices=["clawray", "floor"], help=argparse.SUPPRESS)
     ap.add_argument("--layers", type=int, default=24, help=argparse.SUPPRESS)
+    ap.add_argument("--micro-tokens", default="default",
+                    help="clawray's train.micro_batch_tokens: a number, 'none', or 'default' (the config's)")
     a = ap.parse_args(argv)
+    if a.micro_tokens != "default":
+        MICRO["micro_batch_tokens"] = None if a.micro_tokens == "none" else int(a.micro_tokens)
     if a.worker:
         print(json.dumps(worker(a.worker, a.layers, a.steps, a.warmup, a.threads)))
         return 0

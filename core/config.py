@@ -316,6 +316,9 @@ class TrainConfig(Section):
     lr: float = Field(default=1e-3, gt=0)
     batch_size: int = Field(default=16, ge=1)
     grad_accum: int = Field(default=1, ge=1)
+    # Padded tokens per micro-batch at most (train/batch.py plan_micro_batches; None: grad_accum chunks
+    # only). Long sequences then go through the model one by one, unpadded and unmasked.
+    micro_batch_tokens: int | None = Field(default=None, ge=1)
     clip_eps: float = Field(default=0.2, gt=0)
     clip_eps_high: float | None = None
     kl_coef: float = Field(default=0.0, ge=0)

@@ -119,3 +119,29 @@ def chunk_indices(n: int, parts: int) -> list[list[int]]:
     """Split range(n) into `parts` contiguous chunks of near-equal size (trailing ones may be empty)."""
     size = max(1, math.ceil(n / parts))
     return [list(range(i * size, min(n, (i + 1) * size))) for i in range(parts)]
+
+
+def padded_tokens(shapes: Sequence[tuple[int, int]]) -> int:
+    """Tokens a collated batch of (prompt, response) lengths occupies: prompts left-padded to the longest,
+    responses right-padded to the longest (`collate`)."""
+    return len(shapes) * (max(p for p, _ in shapes) + max(r for _, r in shapes)) if shapes else 0
+
+
+def plan_micro_batches(shapes: Sequence[tuple[int, int]], parts: int, max_tokens: int | None) -> list[list[int]]:
+    """Positions of `shapes` (sorted by length) in micro-batches: `parts` near-equal contiguous chunks
+    (`chunk_indices`), each split further so no micro-batch's padded size exceeds `max_tokens` (None: no
+    limit); a sample longer than the limit is a micro-batch of its own. A micro-batch of one sample has no
+    padding at all, so its attention runs unmasked (causal), as a bare forward of that sequence would."""
+    out: list[list[int]] = []
+    for chunk in chunk_indices(len(shapes), parts):
+        if max_tokens is None or not chunk:
+            out.append(chunk)
+            continue
+        cur: list[int] = []
+        for i in chunk:
+            if cur and padded_tokens([shapes[j] for j in (*cur, i)]) > max_tokens:
+                out.append(cur)
+                cur = []
+            cur.append(i)
+        out.append(cur)
+    return out

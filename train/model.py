@@ -141,6 +141,8 @@ class DeepSpeedBackend:
         )
         self._grad_accum = cfg.grad_accum
 
+    fixed_micro_batches = True  # its accumulation boundary is every `grad_accum` micro-batches
+
     def autocast(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # DeepSpeed's bf16 mode casts the module itself
 

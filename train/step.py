@@ -1,6 +1,7 @@
 """One GRPO optimisation step on a model, independent of Ray (the worker loop and the benchmark share it).
 
-Phases: advantages over the WHOLE leased batch -> this worker's shard -> `grad_accum` micro-batches ->
+Phases: advantages over the WHOLE leased batch -> this worker's shard -> micro-batches (`grad_accum`
+chunks, each at most `micro_batch_tokens` padded tokens) ->
 forward (logits only for response columns) -> per-token logprobs under each row's sampling
 distribution (`sampling_logprobs`: the engine's own processing, so the importance ratio compares like
 with like; trl's memory-light `selective_log_softmax`) -> loss (train.algos) -> backward -> optimizer
@@ -27,7 +28,7 @@ from trl.trainer.utils import selective_log_softmax
 from core.config import TrainConfig
 from core.contracts import Sample
 from train import algos
-from train.batch import Batch, chunk_indices, collate
+from train.batch import Batch, collate, plan_micro_batches
 
 
 class Backend(Protocol):
@@ -144,16 +145,27 @@ def micro_loss(
 
 
 def shard_micro_batches(
-    samples: Sequence[Sample], advantages: torch.Tensor, rank: int, world: int, grad_accum: int
+    samples: Sequence[Sample], advantages: torch.Tensor, rank: int, world: int, grad_accum: int,
+    max_tokens: int | None = None,
 ) -> list[Batch]:
-    """This worker's `grad_accum` micro-batches: a strided shard of the batch, sorted by length to cut
-    padding. A worker with too few samples gets zero-weight micro-batches (a real forward/backward with
-    an all-zero mask), because every worker must run the same number of backward passes for the
-    gradient all-reduce."""
-    mine = sorted(range(rank, len(samples), world), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
+    """This worker's micro-batches: a strided shard of the batch, sorted by length to cut padding, in
+    `grad_accum` chunks, each split further to at most `max_tokens` padded tokens (train/batch.py
+    `plan_micro_batches`). Every worker must run the same number of backward passes for the gradient
+    all-reduce, and every worker holds the whole batch, so each plans every shard and runs as many
+    micro-batches as the largest plan: a worker with fewer gets zero-weight micro-batches (a real
+    forward/backward with an all-zero mask)."""
+    def shard(r: int) -> list[int]:
+        return sorted(range(r, len(samples), world),
+                      key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
+
+    def plan(idx: list[int]) -> list[list[int]]:
+        shapes = [(len(samples[i].prompt_ids), len(samples[i].response_ids)) for i in idx]
+        return [[idx[j] for j in chunk] for chunk in plan_micro_batches(shapes, grad_accum, max_tokens)]
+
+    mine = plan(shard(rank))
+    count = max(len(plan(shard(r))) for r in range(world)) if world > 1 else len(mine)
     batches = []
-    for chunk in chunk_indices(len(mine), grad_accum):
-        idx = [mine[j] for j in chunk]
+    for idx in mine + [[] for _ in range(count - len(mine))]:
         if idx:
             batches.append(collate([samples[i] for i in idx], advantages[idx]))
         else:
@@ -189,7 +201,9 @@ def train_step(
     total_tokens = float(sum(m for s in samples for m, lp in zip(s.loss_mask, s.response_logprobs, strict=True)
                              if math.isfinite(lp)))
     denom = max(total_tokens, 1.0) / world
-    micro = shard_micro_batches(samples, advantages, rank, world, cfg.grad_accum)
+    # DeepSpeed counts micro-batches itself (gradient_accumulation_steps = grad_accum): exactly that many.
+    budget = None if getattr(backend, "fixed_micro_batches", False) else cfg.micro_batch_tokens
+    micro = shard_micro_batches(samples, advantages, rank, world, cfg.grad_accum, budget)
     sums: dict[str, float] = {}
     loss_total = 0.0  # NOTE: .item() per micro-batch syncs; negligible next to a forward/backward
     for k, batch in enumerate(micro):

@@ -10,9 +10,9 @@ import torch
 
 from core.config import LoRAConfig, TrainConfig
 from core.contracts import Sample, Sampling
-from train.batch import collate
+from train.batch import collate, padded_tokens, plan_micro_batches
 from train.model import DDPBackend, build_peft_model
-from train.step import token_logprobs, train_step
+from train.step import shard_micro_batches, token_logprobs, train_step
 
 VOCAB = 4096
 
@@ -89,6 +89,31 @@ def test_gradient_accumulation_equals_one_big_batch(model_path: str) -> None:
     three = _lora_after_one_step(model_path, copy.deepcopy(samples), grad_accum=4)  # one filler micro-batch
     for k in one:
         torch.testing.assert_close(one[k], three[k], rtol=1e-4, atol=1e-6)
+
+
+def test_a_token_budget_splits_micro_batches_and_equals_one_big_batch(model_path: str) -> None:
+    samples = [make([3 + i, 4] * (1 + i), [20 + i, 21, 22][: 1 + i % 3], reward=float(i % 2)) for i in range(6)]
+    one = _lora_after_one_step(model_path, samples)
+    split = _lora_after_one_step(model_path, copy.deepcopy(samples), micro_batch_tokens=12)
+    for k in one:
+        torch.testing.assert_close(one[k], split[k], rtol=1e-4, atol=1e-6)
+
+
+def test_micro_batch_plans_respect_the_budget_and_every_worker_runs_as_many():
+    shapes = [(2, 1), (3, 2), (3, 3), (8, 2), (20, 4)]  # sorted by length, as the shard is
+    assert plan_micro_batches(shapes, 1, None) == [[0, 1, 2, 3, 4]]
+    assert plan_micro_batches(shapes, 2, None) == [[0, 1, 2], [3, 4]]
+    plan = plan_micro_batches(shapes, 1, 12)
+    assert plan == [[0, 1], [2], [3], [4]]  # (3+2)*2=10; adding (3,3) pads to 18 > 12; 24 alone > 12: alone
+    assert all(padded_tokens([shapes[i] for i in c]) <= 12 or len(c) == 1 for c in plan)
+    samples = [make([1] * p, [2] * r) for p, r in [(2, 1), (30, 4), (2, 1), (3, 2)]]
+    adv = torch.zeros(4)
+    # Worker 0 holds samples 0 and 2 (one micro-batch of 6 tokens); worker 1 holds 1 and 3, which the budget
+    # splits in two: worker 0 runs a zero-weight filler so both call backward twice.
+    w0, w1 = (shard_micro_batches(samples, adv, r, 2, 1, max_tokens=16) for r in (0, 1))
+    assert len(w0) == len(w1) == 2
+    assert w0[1].sample_ids == [] and w0[1].mask.sum() == 0 and w0[0].input_ids.shape[0] == 2
+    assert [b.input_ids.shape[0] for b in w1] == [1, 1]
 
 
 @pytest.mark.parametrize("loss", ["importance_sampling", "ppo", "cispo"])
