@@ -317,8 +317,9 @@ class TrainConfig(Section):
     batch_size: int = Field(default=16, ge=1)
     grad_accum: int = Field(default=1, ge=1)
     # Padded tokens per micro-batch at most (train/batch.py plan_micro_batches; None: grad_accum chunks
-    # only). Long sequences then go through the model one by one, unpadded and unmasked.
-    micro_batch_tokens: int | None = Field(default=None, ge=1)
+    # only): short samples still share a forward, long ones go through the model one by one, unpadded and
+    # unmasked, which on CPU is the bare forward+backward's time and memory (benchmarks/trainer_floor.py).
+    micro_batch_tokens: int | None = Field(default=2048, ge=1)
     clip_eps: float = Field(default=0.2, gt=0)
     clip_eps_high: float | None = None
     kl_coef: float = Field(default=0.0, ge=0)
