@@ -17,6 +17,13 @@ prompt + response lengths vary over 1-2k tokens (prompts 768-1,536, responses 25
 Each side runs in a fresh process (peak RSS is its own) and reports its fastest and median step of
 `--steps` after `--warmup`. Goal (issue 19): clawray's step <= 1.15x the floor's time. Output: a table and
 benchmarks/out/trainer_floor.json.
+
+clawray's side uses `train.micro_batch_tokens` of the config (default 2048: sequences this long go one
+by one, unpadded); `--micro-tokens none` batches all 4 (padded, masked) for comparison.
+
+GPU profile (when a GPU machine is lent; nothing else changes):
+    python -m benchmarks.trainer_floor --device cuda --bf16 --steps 5 --warmup 2 --micro-tokens 8192
+reports peak GPU memory (torch.cuda.max_memory_allocated) beside the step times.
 """
 
 from __future__ import annotations
@@ -85,7 +92,8 @@ def _cfg(**kw):
                        **kw)
 
 
-MICRO: dict[str, Any] = {}  # TrainConfig overrides of the clawray side (--micro-tokens)
+MICRO: dict[str, Any] = {}  # TrainConfig overrides of the clawray side (--micro-tokens, --bf16)
+DEVICE = "cpu"
 
 
 def run_clawray(path: Path, batch) -> Any:
@@ -95,28 +103,33 @@ def run_clawray(path: Path, batch) -> Any:
     from train.step import train_step
 
     cfg = _cfg(**MICRO)
-    model = build_peft_model(str(path), cfg, torch.device("cpu"))
+    model = build_peft_model(str(path), cfg, torch.device(DEVICE))
     model.train()
-    backend = DDPBackend(model, cfg, torch.device("cpu"), world=1)
-    return lambda: train_step(backend, batch, cfg)
+    backend = DDPBackend(model, cfg, torch.device(DEVICE), world=1)
+    return lambda: train_step(backend, batch, cfg, device=DEVICE)
 
 
 def run_floor(path: Path, batch) -> Any:
+    import contextlib
+
     import torch
 
     from train.model import build_peft_model
 
-    cfg = _cfg()
-    model = build_peft_model(str(path), cfg, torch.device("cpu"))
+    cfg = _cfg(bf16=MICRO.get("bf16", False))
+    model = build_peft_model(str(path), cfg, torch.device(DEVICE))
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=LR)
-    rows = [(torch.tensor([s.prompt_ids + s.response_ids]), torch.tensor(s.response_ids)) for s in batch]
+    rows = [(torch.tensor([s.prompt_ids + s.response_ids], device=DEVICE), torch.tensor(s.response_ids, device=DEVICE))
+            for s in batch]
+    autocast = (lambda: torch.autocast(DEVICE, dtype=torch.bfloat16)) if cfg.bf16 else contextlib.nullcontext
 
     def step() -> None:
         for ids, resp in rows:
             # The positions that predict the response: the last prompt token up to the one before the end.
-            out = model(input_ids=ids[:, :-1], logits_to_keep=len(resp))
+            with autocast():
+                out = model(input_ids=ids[:, :-1], logits_to_keep=len(resp))
             loss = -torch.log_softmax(out.logits[0].float(), dim=-1).gather(1, resp[:, None]).sum()
             loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -136,22 +149,29 @@ def worker(impl: str, layers: int, steps: int, warmup: int, threads: int) -> dic
     for _ in range(warmup):
         fn()
     times = []
+    cuda = DEVICE.startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     for _ in range(steps):
         t0 = time.perf_counter()
         fn()
+        if cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in batch)
     padded = BATCH * (max(len(s.prompt_ids) for s in batch) + max(len(s.response_ids) for s in batch))
     return {"impl": impl, "layers": layers, "threads": torch.get_num_threads(), "tokens": tokens,
             "padded_tokens": padded, "step_s_min": min(times), "step_s_median": statistics.median(times),
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "device": DEVICE, "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else None}
 
 
 def _spawn(impl: str, layers: int, steps: int, warmup: int, threads: int) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "benchmarks.trainer_floor", "--worker", impl, "--layers", str(layers),
            "--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads),
-           "--micro-tokens", str(MICRO.get("micro_batch_tokens", "default")).lower()]
+           "--micro-tokens", str(MICRO.get("micro_batch_tokens", "default")).lower(), "--device", DEVICE,
+           *(["--bf16"] if MICRO.get("bf16") else [])]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise RuntimeError(f"{impl} failed:\n{proc.stderr[-3000:]}")
@@ -168,7 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=24, help=argparse.SUPPRESS)
     ap.add_argument("--micro-tokens", default="default",
                     help="clawray's train.micro_batch_tokens: a number, 'none', or 'default' (the config's)")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda for the GPU profile (module docstring)")
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides (GPU profile)")
     a = ap.parse_args(argv)
+    global DEVICE
+    DEVICE = a.device
+    if a.bf16:
+        MICRO["bf16"] = True
     if a.micro_tokens != "default":
         MICRO["micro_batch_tokens"] = None if a.micro_tokens == "none" else int(a.micro_tokens)
     if a.worker:
