@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -73,13 +74,16 @@ class Costs:
     gpu_tokens_s: float
 
 
-def stored_bytes(prompt: int, response: int, message_chars: int) -> tuple[int, int]:
-    """JSON bytes of one Turn and one Sample of that shape, as the stores write them."""
+def stored_bytes(prompt: int, response: int, message_chars: int, token_id: int = 151_000,
+                 reply_chars: int | None = None) -> tuple[int, int]:
+    """JSON bytes of one Turn and one Sample of that shape, as the stores write them (`token_id`: a
+    typical id; a 150k vocabulary's take 6 digits)."""
     from core.contracts import Sample, Turn
 
     msgs = [{"role": "system", "content": "s" * (message_chars // 4)}, {"role": "user", "content": "u" * (message_chars * 3 // 4)}]
-    turn = Turn(session_id="s" * 24, turn_index=3, messages=msgs, prompt_ids=[151_000] * prompt,
-                response_ids=[151_000] * response, response_logprobs=[-0.123456789] * response, response_text="r" * (4 * response))
+    turn = Turn(session_id="s" * 24, turn_index=3, messages=msgs, prompt_ids=[token_id] * prompt,
+                response_ids=[token_id] * response, response_logprobs=[-0.123456789] * response,
+                response_text="r" * (4 * response if reply_chars is None else reply_chars))
     sample = Sample.from_turn(turn, 1.0, True)
     return len(turn.model_dump_json()), len(sample.model_dump_json())
 
@@ -104,8 +108,13 @@ def model(users: int, u: Usage, c: Costs, node_cores: int, node_gpus: int, judge
             "load_vs_node": load, "first_bottleneck": first if load[first] >= 1 else f"none (largest: {first})"}
 
 
-def _dir_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+def _stored_turns(root: Path) -> tuple[int, float]:
+    """(turns, mean JSON bytes of one) in the session store under `root`."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(f"file:{root / 'sessions' / 'sessions.db'}?mode=ro", uri=True)) as c:
+        n, mean = c.execute("SELECT count(*), avg(length(payload)) FROM turns").fetchone()
+    return int(n), float(mean or 0.0)
 
 
 def check(u: Usage, speed: float, seconds: float = 20.0) -> dict[str, Any]:
@@ -142,20 +151,22 @@ def check(u: Usage, speed: float, seconds: float = 20.0) -> dict[str, Any]:
         asyncio.run(_open_loop(url, body, 5.0, 1.0))  # warm-up
         time.sleep(2.0)
         procs = _processes()
-        bytes0, cpu0 = _dir_bytes(storage), _cpu(procs)
+        cpu0 = _cpu(procs)
         sent = asyncio.run(_open_loop(url, body, rate, seconds))
-        time.sleep(3.0)  # the outbox and store flush
-        cpu1, bytes1 = _cpu(procs), _dir_bytes(storage)
+        cpu1 = _cpu(procs)
+        time.sleep(2.0)  # the last turns are written
+        turns, turn_bytes = _stored_turns(storage)
     finally:
         serve.shutdown()
         ray.shutdown()
         shutil.rmtree(storage, ignore_errors=True)
     cpu_s = (cpu1["http"] - cpu0["http"]) + (cpu1["colo"] - cpu0["colo"])
     chars = sum(len(m["content"]) for m in MESSAGES)
-    est_turn, _ = stored_bytes(FakeEngineImpl.PROMPT_LEN, FakeEngineImpl.RESPONSE_LEN, chars)
+    # the fake engine's capture: ids 0..95 and 0..15 (two digits on average), logprobs -1.0, a 22-char reply
+    est_turn, _ = stored_bytes(FakeEngineImpl.PROMPT_LEN, FakeEngineImpl.RESPONSE_LEN, chars, token_id=50,
+                               reply_chars=22)
     return {"rate_rps": rate, "seconds": seconds, "sent_ok": sent, "cpu_ms_per_request": 1000 * cpu_s / max(sent, 1),
-            "bytes_per_turn_measured": (bytes1 - bytes0) / max(sent, 1),
-            "bytes_per_turn_model": est_turn}
+            "turns_stored": turns, "bytes_per_turn_measured": turn_bytes, "bytes_per_turn_model": est_turn}
 
 
 async def _open_loop(url: str, body: dict, rate: float, seconds: float) -> int:
@@ -169,7 +180,7 @@ async def _open_loop(url: str, body: dict, rate: float, seconds: float) -> int:
     async with aiohttp.ClientSession() as http:
         async def one(i: int) -> None:
             nonlocal ok
-            async with http.post(url, json=body, headers={**headers, "X-Session-Id": f"scale-{i % 10}"}) as r:
+            async with http.post(url, json=body, headers={**headers, "X-Session-Id": f"scale-{i}"}) as r:
                 await r.read()
                 ok += r.status == 200
 
@@ -230,8 +241,9 @@ def _report(rows, u: Usage, c: Costs, measured, cpu_source: str) -> None:
     if measured:
         con.print(f"check at {SIZES[0]} users (x{measured['rate_rps'] / rows[0]['peak_rps']:.0f} time compression, "
                   f"{measured['rate_rps']:.1f} req/s for {measured['seconds']:.0f} s, {measured['sent_ok']} ok): "
-                  f"{measured['cpu_ms_per_request']:.2f} CPU ms/request measured; bytes per turn "
-                  f"{measured['bytes_per_turn_measured']:.0f} measured vs {measured['bytes_per_turn_model']:.0f} modelled")
+                  f"{measured['cpu_ms_per_request']:.2f} CPU ms/request measured (HTTP proxy + replica); "
+                  f"{measured['turns_stored']} turns stored, {measured['bytes_per_turn_measured']:.0f} bytes of JSON "
+                  f"each vs {measured['bytes_per_turn_model']:.0f} modelled for that shape")
 
 
 if __name__ == "__main__":
