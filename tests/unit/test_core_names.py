@@ -8,6 +8,7 @@ recreated, and the system's actors placed in a non-default namespace.
 
 from __future__ import annotations
 
+import time
 import uuid
 from types import SimpleNamespace
 from typing import Any
@@ -243,6 +244,18 @@ def test_a_real_lookup_waits_for_an_actor_created_while_it_waits(ray_local, ns, 
     assert names.actor("Late", ns) is handle  # cached
 
 
+def _wait_dead(ray, name: str, ns: str, timeout_s: float = 60.0) -> None:
+    """Until the GCS has released the dead actor's name (polled): it is dead for every caller then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.get_actor(name, namespace=ns)
+        except ValueError:
+            return
+        assert time.monotonic() < deadline, "the killed actor never died"
+        time.sleep(0.05)
+
+
 def test_a_dead_actors_handle_is_dropped_and_its_new_incarnation_found(ray_local, ns):
     from ray.exceptions import RayActorError
 
@@ -250,6 +263,7 @@ def test_a_dead_actors_handle_is_dropped_and_its_new_incarnation_found(ray_local
     handle = names.actor("Flaky", ns, timeout_s=60)
     assert ray_local.get(handle.who.remote(), timeout=60) == "first"
     ray_local.kill(first, no_restart=True)
+    _wait_dead(ray_local, "Flaky", ns)  # ray.kill is asynchronous: a call sent at once could still reach the live actor
     with pytest.raises(RayActorError), names.forget_if_dead("Flaky", ns):
         ray_local.get(handle.who.remote(), timeout=60)
     assert names.cached("Flaky", ns) is None  # the next lookup resolves the name again
