@@ -28,12 +28,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+os.environ.setdefault("RAY_AUTH_MODE", "token")  # before Ray is imported, as `clawray` and `make demo` run it
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "benchmarks" / "out" / "window_efficiency.json"
 WINDOWS_S = (60.0, 1800.0)
@@ -94,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from cluster.runtime import runtime_env_vars
     from cluster.system import start_system, stop_system
     from core import names
     from core.config import config_from_dict, load_config
@@ -104,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     data = load_config(REPO / "configs" / "local.yaml").model_dump(mode="json")
     data["storage_root"] = str(root)
     data["train"].update(min_fresh_samples=4, batch_size=8)
+    data["scheduler"].update(sleep_start=None, sleep_end=None, idle_minutes=None)  # runs start when asked only
     cfg = config_from_dict(data, "window-bench")
+    for k, v in runtime_env_vars(cfg).items():  # as `make demo` does: Ray's token, offline model caches
+        os.environ.setdefault(k, v)
     log = step_log_path(StorageLayout(root), "grpo")
     rows = []
     try:
@@ -129,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         table.add_column(c, justify="right")
 
     def f(v: float | None) -> str:
-        return "-" if v is None else f"{v:.1f}"
+        return "-" if v is None else f"{v:.2f}"
 
     for r in rows:
         table.add_row(r["run"], str(r["steps"]), f(r["to_first_step_s"]), f(r["step_s"]), f(r.get("swap_s")),
