@@ -185,9 +185,37 @@ def demote(md: str) -> str:
     return "\n".join("##" + line if line.startswith("#") else line for line in md.strip().splitlines())
 
 
+def window_efficiency(data: dict[str, Any]) -> Section:
+    def f(v: Any) -> Any:
+        return "-" if v is None else round(v, 2)
+
+    rows = data["rows"]
+    body = table(["run", "steps", "to first step s", "step s", "swap s", "tail s", "fixed s", "util 60 s", "util 30 min"],
+                 [[r["run"], r["steps"], f(r["to_first_step_s"]), f(r["step_s"]), f(r.get("swap_s")), f(r["tail_s"]),
+                   f(r.get("fixed_s")), f"{r['utilisation_60s']:.0%}", f"{r['utilisation_1800s']:.0%}"] for r in rows])
+    heads = [f"training window fixed cost ({r['run']}): {r['fixed_s']:.1f} s (goal ≤ {data.get('goal_s', 10):.0f} s)"
+             for r in rows if r.get("fixed_s") is not None]
+    return body, heads
+
+
+def scale_model(data: dict[str, Any]) -> Section:
+    rows = data["rows"]
+    body = table(["daily users", "peak req/s", "proxy cores", "judge calls/s", "storage GB/day", "GPU-h/night",
+                  "first bottleneck"],
+                 [[f"{r['users']:,}", round(r["peak_rps"], 2), round(r["proxy_cores"], 2), round(r["judge_calls_s"], 2),
+                   round(r["storage_gb_day"], 2), round(r["gpu_hours_night"], 2), r["first_bottleneck"]] for r in rows])
+    check = data.get("check")
+    if check:
+        body += (f"\n\nCheck at the smallest size: {check['cpu_ms_per_request']:.2f} CPU ms per request measured; "
+                 f"{check['bytes_per_turn_measured']:.0f} bytes per stored turn vs {check['bytes_per_turn_model']:.0f} "
+                 "modelled.")
+    return body, [f"scale model: first bottleneck at {rows[-1]['users']:,} daily users: {rows[-1]['first_bottleneck']}"]
+
+
 RENDERERS: dict[str, Callable[..., Section]] = {
     "trainer": trainer, "trainer_floor": trainer_floor, "retrieval": retrieval, "proxy_overhead": proxy_overhead,
-    "proxy_overhead-haproxy": proxy_overhead, "hotswap": hotswap,
+    "proxy_overhead-haproxy": proxy_overhead, "hotswap": hotswap, "window_efficiency": window_efficiency,
+    "scale_model": scale_model,
 }
 WITH_MARKDOWN = {proxy_overhead, hotswap}  # renderers that show the benchmark's own tables when it wrote them
 

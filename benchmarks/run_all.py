@@ -70,6 +70,8 @@ BENCHES = [
     Bench("retrieval"),
     Bench("trainer", quick=("--quick", "--repeats", "1", "--steps", "6")),
     Bench("trainer_floor", quick=("--quick", "--steps", "1")),
+    Bench("window_efficiency", quick=("--samples", "16", "--steps", "1")),
+    Bench("scale_model", full=("--check",), quick=()),
 ]
 
 
