@@ -60,6 +60,8 @@ def load_adapter_weights(peft_model: torch.nn.Module, adapter_dir: Path) -> None
 class DDPBackend:
     """AdamW over LoRA params of a (possibly DDP-wrapped) model. See train.step.Backend."""
 
+    fixed_micro_batches = False  # any number per step: micro-batches follow `train.micro_batch_tokens`
+
     def __init__(self, peft_model: torch.nn.Module, cfg: TrainConfig, device: torch.device, world: int) -> None:
         import ray.train.torch
 
@@ -129,6 +131,8 @@ def deepspeed_config(cfg: TrainConfig, world: int) -> dict:
 class DeepSpeedBackend:
     """A DeepSpeed ZeRO-2 engine around the peft model. See train.step.Backend."""
 
+    fixed_micro_batches = True  # gradient_accumulation_steps = grad_accum: its boundary is every that many
+
     def __init__(self, peft_model: torch.nn.Module, cfg: TrainConfig, device: torch.device, world: int) -> None:
         import deepspeed  # optional dependency (pyproject extra "gpu")
 
@@ -140,8 +144,6 @@ class DeepSpeedBackend:
             model=peft_model, optimizer=optimizer, config=deepspeed_config(cfg, world)
         )
         self._grad_accum = cfg.grad_accum
-
-    fixed_micro_batches = True  # its accumulation boundary is every `grad_accum` micro-batches
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # DeepSpeed's bf16 mode casts the module itself

@@ -35,6 +35,7 @@ class Backend(Protocol):
     """How gradients are taken and applied (plain/DDP torch optimizer, or a DeepSpeed engine)."""
 
     model: torch.nn.Module  # the module to call for forward (DDP- or engine-wrapped)
+    fixed_micro_batches: bool  # it counts exactly `grad_accum` micro-batches itself (DeepSpeed)
 
     def autocast(self) -> contextlib.AbstractContextManager: ...
     def no_sync(self, last_micro: bool) -> contextlib.AbstractContextManager: ...
@@ -201,8 +202,7 @@ def train_step(
     total_tokens = float(sum(m for s in samples for m, lp in zip(s.loss_mask, s.response_logprobs, strict=True)
                              if math.isfinite(lp)))
     denom = max(total_tokens, 1.0) / world
-    # DeepSpeed counts micro-batches itself (gradient_accumulation_steps = grad_accum): exactly that many.
-    budget = None if getattr(backend, "fixed_micro_batches", False) else cfg.micro_batch_tokens
+    budget = None if backend.fixed_micro_batches else cfg.micro_batch_tokens
     micro = shard_micro_batches(samples, advantages, rank, world, cfg.grad_accum, budget)
     sums: dict[str, float] = {}
     loss_total = 0.0  # NOTE: .item() per micro-batch syncs; negligible next to a forward/backward
