@@ -243,8 +243,10 @@ def tool_names(tools: Any) -> list[str]:
     Responses and Anthropic (`{"name"}`); anything else is skipped."""
     out: list[str] = []
     for spec in tools if isinstance(tools, list) else ():
-        fn = spec.get("function") if isinstance(spec, dict) else None
-        name = fn.get("name") if isinstance(fn, dict) else spec.get("name") if isinstance(spec, dict) else None
+        if not isinstance(spec, dict):
+            continue
+        fn = spec.get("function")
+        name = (fn if isinstance(fn, dict) else spec).get("name")
         if isinstance(name, str) and name not in out:
             out.append(name)
     return out
