@@ -48,6 +48,12 @@ class Failure:
 class Evolver(Protocol):
     name: str
 
+    def teaches(self, failure: Failure) -> bool:
+        """Whether `failure` carries anything this evolver can learn from. The loop claims only such
+        failures as support (a fence blocks training seals while it is open), so a failure that cannot
+        teach stays a query sample and opens no fence."""
+        ...
+
     async def evolve(self, failures: list[Failure], existing: Sequence[Skill]) -> list[Skill]:
         ...
 
@@ -92,6 +98,10 @@ class FeedbackEvolver:
     """Deterministic lesson distiller (no model). Skills carry `metadata.lesson` and `occurrences`."""
 
     name = "feedback"
+
+    def teaches(self, failure: Failure) -> bool:
+        """Only feedback with a rule-like sentence teaches (a single-turn session has no next state)."""
+        return bool(extract_lessons(failure.feedback))
 
     async def evolve(self, failures: list[Failure], existing: Sequence[Skill]) -> list[Skill]:
         return self.distil(failures, existing)
@@ -235,6 +245,10 @@ class LLMEvolver:
         self.client = client  # core.llm.LLMClient or anything with its async `chat`
         self.max_attempts, self.max_skills = max_attempts, max_skills
         self.temperature, self.max_tokens = temperature, max_tokens
+
+    def teaches(self, failure: Failure) -> bool:
+        """The model analyses any failure: the instruction and the rejected reply are evidence enough."""
+        return True
 
     async def evolve(self, failures: list[Failure], existing: Sequence[Skill]) -> list[Skill]:
         from evolve.llm_json import InvalidReplies, ask_valid

@@ -18,7 +18,9 @@ as support in the replay buffer and opens a fence (`begin_evolution`), BEFORE th
 bank writes a new generation; it evolves from the claimed failures only (one already trained, or sealed
 by a training step, cannot become support and is left out); then it writes the bank and closes the fence
 (`end_evolution`) with the new generation when S changed. An evolution that changed nothing (only
-merges: lessons S already had, a rejection, an error) hands its claims back as query samples. The
+merges: lessons S already had, a rejection, an error) hands its claims back as query samples. Failures
+the evolver cannot learn from (`Evolver.teaches`: for the feedback evolver, no rule-like feedback followed
+the turn, as in every single-turn session) are never claimed; when none can teach, no fence opens. The
 evolver runs within the fence's budget (`fence_ttl_s`), so a fence never expires under a live evolution.
 The bank's generation never goes back (`reconcile`): a wiped or replaced skills folder is written up to
 a new generation above the highest one seen, so Replay never silently retires every new sample.
@@ -216,6 +218,13 @@ class EvolutionLoop:
 
     async def _evolve(self, trigger: str, failures: Sequence[Failure]) -> EvolutionReport:
         report = EvolutionReport(trigger, sorted({f.session_id for f in failures}), len(failures))
+        teaching = [f for f in failures if self.evolver.teaches(f)]
+        if not teaching:  # nothing to learn from: claim nothing (a fence would block training seals)
+            self.counters["evolutions_triggered"] += 1
+            report.failures, report.sessions = 0, []
+            return self._rejected(report, f"no failure carries a lesson the {self.evolver.name} evolver "
+                                          "can learn from (no feedback followed it)", level=logging.INFO)
+        failures = teaching
         async with self._lock:
             self.counters["evolutions_triggered"] += 1
             token, claimed = await self.replay.begin_evolution([f.sample_id for f in failures], self.fence_ttl)
@@ -300,9 +309,9 @@ class EvolutionLoop:
             return self.bank.ensure_generation(floor, evolver=self.evolver.name)
         return self.bank.generation
 
-    def _rejected(self, report: EvolutionReport, why: str) -> EvolutionReport:
+    def _rejected(self, report: EvolutionReport, why: str, level: int = logging.WARNING) -> EvolutionReport:
         self.counters["evolutions_rejected"] += 1
         report.error = self.last_error = why
         report.generation = self.bank.generation
-        log.warning("evolution (%s) rejected: %s", report.trigger, why)
+        log.log(level, "evolution (%s) rejected: %s", report.trigger, why)
         return report

@@ -21,9 +21,11 @@ class RecordingReplay:
     def __init__(self):
         self.support: list[list[str]] = []
         self.generations: list[int] = []
+        self.fences = 0  # begin_evolution calls
         self._claims: dict[str, list[str]] = {}
 
     async def begin_evolution(self, sample_ids, ttl_s):
+        self.fences += 1
         token = str(len(self._claims))
         self._claims[token] = list(sample_ids)
         return token, list(sample_ids)
@@ -87,6 +89,24 @@ async def test_side_turns_and_successful_sessions_do_not_evolve(tmp_path: Path):
     assert loop.stats()["evolutions_triggered"] == 0 and replay.support == []
 
 
+async def test_a_failure_without_a_lesson_opens_no_fence_and_stays_a_query_sample(tmp_path: Path):
+    """A failed single-turn session has no next state: the feedback evolver can learn nothing from it,
+    so the loop must not claim it as support even for the length of an evolution (an open fence blocks
+    training seals, and a sample read meanwhile would look like support: CI saw exactly that)."""
+    loop, replay = make_loop(tmp_path)
+    report = await loop.observe(*turn_and_sample("s1", 0, -1.0, last=True))
+    assert report is not None and report.failures == 0 and report.generation == 0
+    assert replay.fences == 0 and loop.bank.generation == 0
+    assert "lesson" in report.error and loop.stats()["evolutions_triggered"] == 1
+    # Mixed: only the failure that carries a lesson is claimed.
+    t_a, s_a = turn_and_sample("s2", 0, -1.0)
+    t_b, s_b = turn_and_sample("s2", 1, -1.0, FEEDBACK, last=True)
+    loop2, replay2 = make_loop(tmp_path / "b", failure_rate_threshold=1.0)
+    await loop2.observe(t_a, s_a)
+    report = await loop2.observe(t_b, s_b)
+    assert report.failures == 1 and replay2.support == [[s_b.sample_id]]
+
+
 async def test_repeated_lesson_across_sessions_merges_without_a_new_generation(tmp_path: Path):
     loop, replay = make_loop(tmp_path)
     await loop.observe(*turn_and_sample("s1", 0, -1.0, FEEDBACK))
@@ -103,6 +123,9 @@ async def test_evolve_now_and_evolver_errors_are_counted(tmp_path: Path):
 
     class Broken:
         name = "broken"
+
+        def teaches(self, failure):
+            return True
 
         async def evolve(self, failures, existing):
             raise EvolveError("model unreachable")

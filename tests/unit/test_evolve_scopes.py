@@ -111,6 +111,9 @@ def test_a_users_failure_never_rewrites_a_global_skill(tmp_path: Path):
     class Rewriter:  # an LLM evolver that "refines" the global skill in place
         name = "llm"
 
+        def teaches(self, failure):
+            return True
+
         async def evolve(self, failures, existing):
             target = next(s for s in existing if s.name == "config-rules")
             return [target.model_copy(update={"body": "rewritten by one user's failure"})]
