@@ -320,6 +320,10 @@ class TrainConfig(Section):
     # only): short samples still share a forward, long ones go through the model one by one, unpadded and
     # unmasked, which on CPU is the bare forward+backward's time and memory (benchmarks/trainer_floor.py).
     micro_batch_tokens: int | None = Field(default=2048, ge=1)
+    # How often Ray Train's controller polls the training workers (its RAY_TRAIN_HEALTH_CHECK_INTERVAL_S,
+    # default 2 s there): a finished or failed run is noticed at most this late, so it is part of every
+    # window's fixed cost (benchmarks/window_efficiency.py); each poll is one small call per worker.
+    health_check_interval_s: float = Field(default=0.25, gt=0, le=60)
     clip_eps: float = Field(default=0.2, gt=0)
     clip_eps_high: float | None = None
     kl_coef: float = Field(default=0.0, ge=0)

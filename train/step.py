@@ -4,7 +4,7 @@ Phases: advantages over the WHOLE leased batch -> this worker's shard -> micro-b
 chunks, each at most `micro_batch_tokens` padded tokens) ->
 forward (logits only for response columns) -> per-token logprobs under each row's sampling
 distribution (`sampling_logprobs`: the engine's own processing, so the importance ratio compares like
-with like; trl's memory-light `selective_log_softmax`) -> loss (train.algos) -> backward -> optimizer
+with like; `gathered_logprobs`, memory-light: no (.., V) log-softmax copy) -> loss (train.algos) -> backward -> optimizer
 step through a `Backend`.
 
 Data parallelism: every worker holds the full batch, so it knows the global masked-token count N.
@@ -23,7 +23,6 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from trl.trainer.utils import selective_log_softmax
 
 from core.config import TrainConfig
 from core.contracts import Sample
@@ -66,6 +65,33 @@ def _top_k_top_p(x: torch.Tensor, k: int, p: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def gathered_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """`log_softmax(logits, -1).gather(-1, targets)` without materialising the log-softmax: the target's
+    logit minus its row's logsumexp, one leading row at a time (peak memory of one row). Shapes (..., V) and
+    (...) -> (...).
+
+    On CUDA this is trl's `selective_log_softmax` (a fused Triton kernel where available). On CPU trl runs
+    exactly the math below, and importing its module costs ~2.5 s of every training window's worker
+    start-up (it pulls in transformers' Trainer, pandas, accelerate: benchmarks/window_efficiency.py), so the
+    few lines are written here instead.
+    """
+    if logits.is_cuda:
+        from trl.trainer.utils import selective_log_softmax
+
+        return selective_log_softmax(logits, targets)
+    idx = targets.unsqueeze(-1)
+    if logits.dtype in (torch.float32, torch.float64):
+        picked = logits.gather(-1, idx).squeeze(-1)
+        lse = torch.stack([torch.logsumexp(row, dim=-1) for row in logits]) if logits.ndim > 1 \
+            else torch.logsumexp(logits, dim=-1)
+        return picked - lse
+    # Low precision: logsumexp then subtract loses too much; a log_softmax per leading row instead.
+    if logits.ndim == 1:
+        return torch.log_softmax(logits, -1).gather(-1, idx).squeeze(-1)
+    return torch.stack([torch.log_softmax(row, -1).gather(-1, i).squeeze(-1)
+                        for row, i in zip(logits, idx, strict=True)])
+
+
 def sampling_logprobs(
     logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     top_p: torch.Tensor,
@@ -81,11 +107,11 @@ def sampling_logprobs(
     temps = torch.where(temperature < GREEDY_TEMPERATURE, torch.ones_like(temperature), temperature)
     plain = (temps == 1.0) & ((top_k <= 0) | (top_k >= logits.shape[-1])) & (top_p >= 1.0)
     if bool(plain.all()):
-        return selective_log_softmax(logits, targets)  # memory-light: no (B, R, V) copies
+        return gathered_logprobs(logits, targets)  # memory-light: no (B, R, V) copies
     rows = []
     for i in range(logits.shape[0]):  # one row at a time: the top-p sort costs O(R * V), not O(B * R * V)
         x = logits[i] if plain[i] else _top_k_top_p(logits[i] / temps[i], int(top_k[i]), top_p[i])
-        rows.append(selective_log_softmax(x, targets[i]))
+        rows.append(gathered_logprobs(x, targets[i]))
     return torch.stack(rows)
 
 

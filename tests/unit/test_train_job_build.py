@@ -54,3 +54,18 @@ def test_checkpoints_go_to_the_object_storage_root(tmp_path: Path, s3_endpoint: 
     assert trainer.train_loop_config["blob_root"] == "s3://bkt/team"
     # the endpoint (not a secret) follows the workers to nodes added later; credentials never do
     assert trainer.run_config.worker_runtime_env == {"env_vars": {"AWS_ENDPOINT_URL_S3": s3_endpoint}}
+
+
+def test_the_controllers_poll_interval_comes_from_the_config(tmp_path: Path, monkeypatch) -> None:
+    """Ray Train reads its health-check interval from the env of the process that calls `fit` (and passes
+    it to its controller actor): the trainer's builder puts the config's value there."""
+    from ray.train.v2._internal.constants import HEALTH_CHECK_INTERVAL_S_ENV_VAR, get_env_vars_to_propagate
+
+    from train.job import build_trainer
+
+    monkeypatch.delenv(HEALTH_CHECK_INTERVAL_S_ENV_VAR, raising=False)
+    build_trainer(TrainConfig(health_check_interval_s=0.5), model_path="m", storage=StorageLayout(tmp_path),
+                  max_steps=1, run_name="r")
+    assert get_env_vars_to_propagate()[HEALTH_CHECK_INTERVAL_S_ENV_VAR] == "0.5"
+    with pytest.raises(ValueError):
+        TrainConfig(health_check_interval_s=0)

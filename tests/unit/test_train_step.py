@@ -186,3 +186,31 @@ def test_opd_reaches_the_loss_and_pulls_the_policy_towards_the_teacher(model_pat
     off = _lora_after_one_step(model_path, samples, opd_weight=0.0)
     for k in start:
         torch.testing.assert_close(start[k], off[k])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gathered_logprobs_equal_log_softmax_then_gather(dtype) -> None:
+    """`gathered_logprobs` is log_softmax(logits).gather(targets) without the (.., V) copy, any rank."""
+    from train.step import gathered_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(3, 5, 97, generator=g) * 4).to(dtype)
+    targets = torch.randint(0, 97, (3, 5), generator=g)
+    want = torch.log_softmax(logits.float(), -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    got = gathered_logprobs(logits, targets)
+    assert got.shape == (3, 5)
+    torch.testing.assert_close(got.float(), want, atol=0.05 if dtype == torch.bfloat16 else 1e-5, rtol=0)
+    torch.testing.assert_close(gathered_logprobs(logits[0], targets[0]).float(), want[0],
+                               atol=0.05 if dtype == torch.bfloat16 else 1e-5, rtol=0)
+
+
+def test_the_training_worker_does_not_import_trl() -> None:
+    """trl's module costs ~2.5 s of every window's worker start-up (benchmarks/window_efficiency.py);
+    on CPU the learner runs the same math without it (trl stays the GPU path: its fused kernel)."""
+    import subprocess
+    import sys
+
+    code = "import sys, train.grpo; print('trl' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "False"
