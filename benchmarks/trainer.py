@@ -21,8 +21,8 @@ timed steps (after `--warmup`); the median is shown too. Torch runs 1 thread in 
 Output: a rich table and benchmarks/out/trainer.json.
 
 Why clawray's step is faster here: the LM head runs only on the response columns (`logits_to_keep`
-over a left-padded prompt / right-padded response layout) and logprobs come from trl's
-`selective_log_softmax`, while trl's fused LM head on a non-Triton device scores every position of
+over a left-padded prompt / right-padded response layout) and logprobs come from a gather minus a
+per-row logsumexp (`train.step.gathered_logprobs`, the math of trl's `selective_log_softmax` on CPU), while trl's fused LM head on a non-Triton device scores every position of
 the sequence (prompt included) and computes per-token entropies for its metrics.
 """
 
