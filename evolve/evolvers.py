@@ -66,8 +66,12 @@ _RULE_RE = re.compile(
     r"expected|instead|remember to|avoid)\b", re.I)
 _BULLET_RE = re.compile(r"^\s*(?:[-*•>]+|\d+[.)])\s*")
 _LEAD_RE = re.compile(r"^(?:(?:you|please|note|hint|error|rule)\b[:,]?\s*)+", re.I)
+# The verdict a multi-choice feedback opens with ("B is wrong: <rule>", "Correct: <rule>"): not part of the rule.
+_VERDICT_RE = re.compile(
+    r"^(?:(?:option\s+)?[A-Z]\s+is\s+)?(?:not\s+)?(?:wrong|incorrect|correct|right)\s*[:\-\u2013\u2014,]\s*", re.I)
 MERGE_JACCARD = 0.5  # topic-token Jaccard at which two lessons are the same lesson
 MAX_LESSON_CHARS = 300
+SEEN_CHARS = 120  # the excerpt of the task a feedback skill was learned from
 
 
 def extract_lessons(feedback: str) -> list[str]:
@@ -75,7 +79,7 @@ def extract_lessons(feedback: str) -> list[str]:
     text = _MARKER_RE.sub("\n", feedback or "")
     out: list[str] = []
     for raw in _SENTENCE_SPLIT_RE.split(text):
-        s = _LEAD_RE.sub("", _BULLET_RE.sub("", raw).strip()).rstrip(".!;:, ").strip()
+        s = _LEAD_RE.sub("", _VERDICT_RE.sub("", _BULLET_RE.sub("", raw).strip())).rstrip(".!;:, ").strip()
         if 8 <= len(s) <= MAX_LESSON_CHARS and _RULE_RE.search(s) and topic_tokens(s) and s not in out:
             out.append(s)
     return out
@@ -146,20 +150,15 @@ class FeedbackEvolver:
             name = f"{name[:57].rstrip('-')}-{hashlib.sha1(lesson.encode()).hexdigest()[:6]}"
         rule = lesson[0].upper() + lesson[1:]
         category = detect_task_type(f"{lesson} {first.instruction}") or "general"
-        title = " ".join(w for w in name.split("-")).capitalize()
-        body = "\n".join([
-            f"# {title}",
-            "",
-            f"- **Rule:** {rule}.",
-            f"- **Why:** a response was rejected with this feedback: \"{excerpt(first.feedback)}\"",
-            f"- **Seen in the task:** \"{excerpt(first.instruction)}\"",
-        ])
+        # Injected into every matching turn, so brief: the rule once (the description is what retrieval
+        # and the block's heading show) and the task it was learned from; the feedback stays in metadata.
+        body = f"- **Rule:** {rule}.\n- **Seen in the task:** \"{excerpt(first.instruction, SEEN_CHARS)}\""
         return Skill(
             name=name,
-            description=f"{rule}. (Learned from environment feedback on a failed turn.)"[:1024],
+            description=f"{rule}."[:1024],
             category=category,
             body=body,
-            metadata={"lesson": lesson, "occurrences": len(members),
+            metadata={"lesson": lesson, "occurrences": len(members), "feedback": first.feedback[:1000],
                       "origin_sessions": sorted({f.session_id for f in members})},
         )
 

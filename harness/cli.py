@@ -32,6 +32,31 @@ def demo(config: control.ConfigOpt = None,
         raise typer.Exit(1)
 
 
+@app.command()
+def bench(workload: Annotated[Path | None, typer.Argument(help="a MetaClaw-Bench-format folder "
+                                                             "(default: workloads/clawray-mini)")] = None,
+          conditions: Annotated[str, typer.Option(help="comma-separated: baseline, skills, full")] = "baseline,skills,full",
+          seeds: Annotated[int, typer.Option(min=1, help="seeds per condition (0 .. N-1)")] = 3,
+          rounds: Annotated[int | None, typer.Option(min=1, help="play only the first N rounds of each day")] = None,
+          out: Annotated[Path | None, typer.Option(help="results folder (default state/bench/<workload>)")] = None,
+          config: control.ConfigOpt = None) -> None:
+    """Replay a workload day by day per condition and seed, each on a fresh system; accuracy and completion
+    per day and overall with 95% CIs, the ordering check, bench.json and bench.png (harness/bench.py)."""
+    from harness.bench import parse_conditions, run_bench
+    from harness.demo import DEFAULT_WORKLOAD
+
+    try:
+        conds = parse_conditions(conditions)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--conditions") from e
+    workload = (workload or DEFAULT_WORKLOAD).resolve()
+    if not (workload / "all_tests.json").is_file():
+        raise typer.BadParameter(f"{workload} has no all_tests.json (not a MetaClaw-Bench-format folder)",
+                                 param_hint="WORKLOAD")
+    out = (out or Path("state") / "bench" / workload.name).resolve()
+    run_bench(workload, conds, seeds, out, config=config, rounds=rounds, console=control.console)
+
+
 def main() -> None:
     control.main()
 

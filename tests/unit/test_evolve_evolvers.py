@@ -46,6 +46,26 @@ def test_extract_lessons_keeps_rules_only():
                                                                           "never use rm -rf"]
 
 
+def test_lessons_drop_the_verdict_a_multi_choice_feedback_starts_with():
+    """MetaClaw-Bench's per-option feedback ("B is wrong: <rule>", "Correct: <rule>") states one rule per
+    option: the lesson is the rule, so B's and C's feedback are the same lesson (one skill, one name)."""
+    rule = "timestamps must be ISO 8601 with a T separator and the +08:00 offset"
+    for fb in (f"B is wrong: {rule}.", f"Correct: {rule}.", f"C is incorrect - {rule}", f"Wrong: {rule}."):
+        assert extract_lessons(fb) == [rule], fb
+    skills = FeedbackEvolver().distil([fail(f"B is wrong: {rule}.", "s1", "a"),
+                                       fail(f"D is wrong: {rule}.", "s2", "b")], [])
+    assert [s.name for s in skills] == ["timestamps-iso-8601-separator-08-00"]
+
+
+def test_a_feedback_skill_states_its_rule_once_and_briefly():
+    """Every injected skill costs prompt tokens on every matching turn: the rule once in the description
+    and once in the body, the task it was seen in, and the feedback kept in metadata (not the prompt)."""
+    (skill,) = FeedbackEvolver().distil([fail(BACKUP_1, instruction="x " * 400)], [])
+    assert skill.description == "Must create config.json.bak before modifying config.json."
+    assert skill.body.count("config.json.bak") == 1 and len(skill.body) < 260
+    assert skill.metadata["feedback"] == BACKUP_1
+
+
 def test_feedback_evolver_merges_repeated_lessons_within_a_batch():
     skills = FeedbackEvolver().distil(
         [fail(BACKUP_1, "s1", "a"), fail(BACKUP_2, "s2", "b"), fail(ISO, "s2", "c", "write the log")], [])

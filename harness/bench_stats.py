@@ -1,0 +1,116 @@
+"""Pure statistics of `clawray bench`: per-day and overall means over seeds, confidence intervals, the
+ordering check (baseline < skills < full) and the PNG. No Ray, no I/O besides the plot.
+
+A run (one condition, one seed) is a dict {"condition", "seed", "days": [{"day", "accuracy",
+"completion", "rounds", "samples", "skills", "adapters"}]}: accuracy is the mean round score of the day,
+completion the fraction of its rounds fully correct (MetaClaw-Bench's two numbers).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+CONFIDENCE = 0.95
+ORDER = ("baseline", "skills", "full")
+
+
+def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float | None]:
+    """(mean, half-width of the two-sided Student-t interval of the mean); None for fewer than 2 values."""
+    from scipy import stats  # the t quantile; scipy comes with the training stack
+
+    vals = [float(v) for v in values]
+    if not vals:
+        return math.nan, None
+    m = statistics.fmean(vals)
+    if len(vals) < 2:
+        return m, None
+    half = stats.t.ppf((1 + confidence) / 2, len(vals) - 1) * statistics.stdev(vals) / math.sqrt(len(vals))
+    return m, float(half)
+
+
+def overall(run: dict[str, Any]) -> dict[str, float]:
+    """A run's totals over its days, rounds-weighted (a day with more rounds counts more)."""
+    days = run["days"]
+    n = sum(d["rounds"] for d in days)
+    if not n:
+        return {"accuracy": math.nan, "completion": math.nan}
+    return {"accuracy": sum(d["accuracy"] * d["rounds"] for d in days) / n,
+            "completion": sum(d["completion"] * d["rounds"] for d in days) / n}
+
+
+def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per condition: per day and overall mean and CI over the seeds, plus the last day's samples, skills
+    and adapters (means)."""
+    out: dict[str, Any] = {}
+    for cond in dict.fromkeys(r["condition"] for r in runs):
+        mine = [r for r in runs if r["condition"] == cond]
+        days = [d["day"] for d in mine[0]["days"]]
+        per_day = []
+        for i, day in enumerate(days):
+            rows = [r["days"][i] for r in mine if len(r["days"]) > i]
+            row: dict[str, Any] = {"day": day}
+            for key in ("accuracy", "completion"):
+                row[key], row[f"{key}_ci"] = mean_ci([x[key] for x in rows])
+            for key in ("samples", "skills", "adapters"):
+                row[key] = statistics.fmean(x[key] for x in rows)
+            per_day.append(row)
+        tot: dict[str, Any] = {"seeds": sorted(r["seed"] for r in mine)}
+        for key in ("accuracy", "completion"):
+            tot[key], tot[f"{key}_ci"] = mean_ci([overall(r)[key] for r in mine])
+        out[cond] = {"days": per_day, "overall": tot}
+    return out
+
+
+def ordering(summary: dict[str, Any], key: str = "accuracy") -> list[dict[str, Any]]:
+    """For each consecutive pair of ORDER present (baseline < skills, skills < full): the gap of the
+    overall means and whether it is larger than its confidence interval. The interval of a difference
+    of two independent means is taken conservatively as the sum of the two half-widths (the intervals do
+    not overlap); with one seed there is no interval and `holds` is None."""
+    present = [c for c in ORDER if c in summary]
+    out = []
+    for lo, hi in zip(present, present[1:], strict=False):
+        a, b = summary[lo]["overall"], summary[hi]["overall"]
+        gap = b[key] - a[key]
+        ci = None if a[f"{key}_ci"] is None or b[f"{key}_ci"] is None else a[f"{key}_ci"] + b[f"{key}_ci"]
+        out.append({"lower": lo, "higher": hi, "gap": gap, "ci": ci,
+                    "holds": None if ci is None else bool(gap > ci)})
+    return out
+
+
+def plot(summary: dict[str, Any], path: Path, title: str) -> Path:
+    """Accuracy per day per condition (mean over seeds, CI bars) and the overall accuracy and completion."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [3, 1.4]})
+    for cond, s in summary.items():
+        xs = list(range(1, len(s["days"]) + 1))
+        ys = [d["accuracy"] for d in s["days"]]
+        err = [d["accuracy_ci"] or 0.0 for d in s["days"]]
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=cond)
+    ax.set_xlabel("day")
+    ax.set_ylabel("accuracy (mean round score)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend()
+    ax.set_title(title)
+    conds = list(summary)
+    width = 0.38
+    for j, key in enumerate(("accuracy", "completion")):
+        vals = [summary[c]["overall"][key] for c in conds]
+        errs = [summary[c]["overall"][f"{key}_ci"] or 0.0 for c in conds]
+        bx.bar([i + (j - 0.5) * width for i in range(len(conds))], vals, width, yerr=errs, capsize=3, label=key)
+    bx.set_xticks(range(len(conds)), conds)
+    bx.set_ylim(0, 1.02)
+    bx.legend(fontsize=8)
+    bx.set_title("overall (95% CI over seeds)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,78 @@
+"""`clawray bench`'s statistics (harness/bench_stats.py) and its pure helpers (harness/bench.py)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from harness import bench_stats as bs
+from harness.bench import bench_config, halves, parse_conditions
+
+
+def run(cond: str, seed: int, accs: list[float], rounds: int = 4) -> dict:
+    return {"condition": cond, "seed": seed,
+            "days": [{"day": f"day{i + 1:02d}", "accuracy": a, "completion": a / 2, "rounds": rounds,
+                      "samples": 10 * (i + 1), "skills": i, "adapters": i} for i, a in enumerate(accs)]}
+
+
+def test_mean_ci_is_the_student_t_interval():
+    m, half = bs.mean_ci([0.2, 0.4, 0.6])
+    assert m == pytest.approx(0.4)
+    assert half == pytest.approx(4.302653 * 0.2 / math.sqrt(3), rel=1e-5)  # t(0.975, 2) * sd / sqrt(n)
+    assert bs.mean_ci([0.5]) == (0.5, None)
+    assert math.isnan(bs.mean_ci([])[0])
+
+
+def test_overall_weights_days_by_rounds():
+    r = {"days": [{"accuracy": 1.0, "completion": 1.0, "rounds": 1},
+                  {"accuracy": 0.0, "completion": 0.0, "rounds": 3}]}
+    assert bs.overall(r) == {"accuracy": 0.25, "completion": 0.25}
+
+
+def test_summary_and_ordering_over_seeds():
+    runs = [run("baseline", s, [0.10 + 0.01 * s, 0.12]) for s in range(3)]
+    runs += [run("skills", s, [0.30 + 0.01 * s, 0.35]) for s in range(3)]
+    runs += [run("full", s, [0.31 + 0.2 * s, 0.36]) for s in range(3)]  # noisy: its interval is wide
+    summary = bs.summarize(runs)
+    assert list(summary) == ["baseline", "skills", "full"]
+    day1 = summary["skills"]["days"][0]
+    assert day1["accuracy"] == pytest.approx(0.31) and day1["accuracy_ci"] > 0 and day1["skills"] == 0
+    assert summary["baseline"]["overall"]["seeds"] == [0, 1, 2]
+    (a, b) = bs.ordering(summary)
+    assert (a["lower"], a["higher"], a["holds"]) == ("baseline", "skills", True)
+    assert a["gap"] == pytest.approx(0.215) and a["ci"] < a["gap"]
+    assert (b["lower"], b["higher"], b["holds"]) == ("skills", "full", False)  # gap inside its interval
+
+
+def test_ordering_with_one_seed_has_no_verdict_and_skips_absent_conditions():
+    summary = bs.summarize([run("baseline", 0, [0.1]), run("full", 0, [0.5])])
+    (o,) = bs.ordering(summary)
+    assert (o["lower"], o["higher"], o["ci"], o["holds"]) == ("baseline", "full", None, None)
+
+
+def test_plot_writes_a_png(tmp_path: Path):
+    summary = bs.summarize([run(c, s, [0.1, 0.2]) for c in bs.ORDER for s in range(2)])
+    path = bs.plot(summary, tmp_path / "b.png", "t")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_conditions_are_checked_and_the_day_is_split_at_midday():
+    assert parse_conditions("full, baseline,full") == ["full", "baseline"]
+    with pytest.raises(ValueError, match="valid: baseline, skills, full"):
+        parse_conditions("baseline,rl")
+    assert halves([1, 2, 3, 4, 5]) == ([1, 2], [3, 4, 5]) and halves([]) == ([], [])
+
+
+@pytest.mark.parametrize("condition", ["baseline", "skills", "full"])
+def test_each_condition_is_a_fresh_system_with_what_it_promises(tmp_path: Path, condition: str):
+    from core.config import load_config
+
+    cfg = bench_config(load_config(None), condition, 7, tmp_path / "state", None)
+    assert cfg.storage_path() == tmp_path / "state" and cfg.train.seed == 7
+    assert cfg.skills.enabled == (condition != "baseline")
+    # No window opens by itself (the harness opens `full`'s evenings); memory and the collective job off.
+    assert cfg.scheduler.mode == "skills_only" and not cfg.memory.enabled
+    assert not cfg.evolver.collective.enabled and cfg.evolver.scope == "user"
+    assert not cfg.evolver.on_session_end and cfg.evolver.every_n_turns == 0
