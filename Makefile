@@ -17,7 +17,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export VLLM_CACHE_ROOT := $(CURDIR)/.cache/vllm
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: setup model agents test test-cluster test-fast demo bench soak lint clean
+.PHONY: setup model instruct-model agents test test-cluster test-fast demo bench soak lint clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -34,6 +34,14 @@ $(MODEL): $(STAMP) scripts/make_tiny_model.py
 	$(BIN)/python -c "from evolve.embedding import SentenceEmbedder as E; print('query encoders:', E().backend, E(encoder='static').backend)"
 
 setup: $(STAMP) $(MODEL)
+
+# The instruction-following tiny model (issue 18; ~8 minutes once on 2 cores): `clawray bench --model
+# tiny-instruct`. The script's own fingerprint decides whether it retrains.
+INSTRUCT := .cache/tiny-instruct/clawray-build.json
+$(INSTRUCT): $(MODEL) scripts/make_instruct_model.py harness/corpus.py evolve/evolvers.py evolve/retrieval.py
+	$(BIN)/python scripts/make_instruct_model.py
+
+instruct-model: $(INSTRUCT)
 
 # The real agent CLIs the agent tests drive (Claude Code, Codex, Qwen Code, OpenClaw with its Node 24,
 # Hermes, CoPaw), pinned in agents/versions.json and cached under .cache/agents (never in the venv).

@@ -22,6 +22,7 @@ from core.storage import remote_scheme
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "CLAWRAY__"
+LOCAL_MODELS = {"tiny": "tiny-chat", "tiny-instruct": "tiny-instruct"}  # model.path names -> folders of the cache
 
 
 class ConfigError(ValueError):
@@ -65,7 +66,9 @@ class ModelConfig(Section):
     max_model_len: int = Field(default=512, ge=64)
 
     def resolved_path(self, cache_dir: Path) -> str:
-        return str(cache_dir / "tiny-chat") if self.path == "tiny" else self.path
+        """`tiny` and `tiny-instruct` name the models built locally under the cache (scripts/make_tiny_model.py,
+        scripts/make_instruct_model.py); anything else is a path or a Hugging Face id."""
+        return str(cache_dir / LOCAL_MODELS[self.path]) if self.path in LOCAL_MODELS else self.path
 
 
 class EngineConfig(Section):

@@ -68,7 +68,7 @@ _BULLET_RE = re.compile(r"^\s*(?:[-*•>]+|\d+[.)])\s*")
 _LEAD_RE = re.compile(r"^(?:(?:you|please|note|hint|error|rule)\b[:,]?\s*)+", re.I)
 # The verdict a multi-choice feedback opens with ("B is wrong: <rule>", "Correct: <rule>"): not part of the rule.
 _VERDICT_RE = re.compile(
-    r"^(?:(?:option\s+)?[A-Z]\s+is\s+)?(?:not\s+)?(?:wrong|incorrect|correct|right)\s*[:\-\u2013\u2014,]\s*", re.I)
+    r"^(?:(?:option\s+)?[A-Z]\s+(?:is\s+)?)?(?:not\s+)?(?:wrong|incorrect|correct|right)\s*[:\-\u2013\u2014,]\s*", re.I)
 MERGE_JACCARD = 0.5  # topic-token Jaccard at which two lessons are the same lesson
 MAX_LESSON_CHARS = 300
 SEEN_CHARS = 120  # the excerpt of the task a feedback skill was learned from

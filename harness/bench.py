@@ -64,7 +64,8 @@ def parse_conditions(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def bench_config(cfg: ClawrayConfig, condition: str, seed: int, root: Path, workspace_src: Path | None) -> ClawrayConfig:
+def bench_config(cfg: ClawrayConfig, condition: str, seed: int, root: Path, workspace_src: Path | None,
+                 model: str | None = None) -> ClawrayConfig:
     """The demo's clock knobs (harness/demo.py `demo_config`), then the condition: no window opens by itself
     (`skills_only`: the harness opens the evening windows of `full` itself), lessons are the user's own,
     memory and the collective job off; skills injected only where the condition has them."""
@@ -78,6 +79,8 @@ def bench_config(cfg: ClawrayConfig, condition: str, seed: int, root: Path, work
     data["memory"]["enabled"] = False
     data["skills"]["enabled"] = cond.skills
     data["train"]["seed"] = seed
+    if model is not None:  # e.g. `tiny-instruct` (scripts/make_instruct_model.py)
+        data["model"]["path"] = model
     return config_from_dict(data, f"bench-{condition}")
 
 
@@ -174,7 +177,7 @@ class Run:
 
 
 def run_one(cfg: ClawrayConfig, workload_dir: Path, condition: str, seed: int, out: Path,
-            rounds: int | None = None) -> dict[str, Any]:
+            rounds: int | None = None, model: str | None = None) -> dict[str, Any]:
     from cluster.runtime import runtime_env_vars
     from harness.workload import load_workload
 
@@ -183,18 +186,18 @@ def run_one(cfg: ClawrayConfig, workload_dir: Path, condition: str, seed: int, o
         for d in workload.days:
             d.rounds = d.rounds[:rounds]
     root = out / f"{condition}-s{seed}"
-    cfg = bench_config(cfg, condition, seed, root / "state", workload.workspace_src)
+    cfg = bench_config(cfg, condition, seed, root / "state", workload.workspace_src, model)
     for k, v in runtime_env_vars(cfg).items():
         os.environ.setdefault(k, v)
     result = Run(cfg, condition, seed, workload, out).run()
-    result["workload"] = workload.name
+    result["workload"], result["model"] = workload.name, cfg.model.path
     (out / f"{condition}-s{seed}.json").write_text(json.dumps(result, indent=2))
     return result
 
 
 # ------------------------------------------------------------------------------------ the bench (parent)
 def run_bench(workload_dir: Path, conditions: list[str], seeds: int, out: Path, *, config: Path | None = None,
-              rounds: int | None = None, console=None, seed0: int = 0) -> dict[str, Any]:
+              rounds: int | None = None, model: str | None = None, console=None, seed0: int = 0) -> dict[str, Any]:
     """Every (condition, seed) in a child process of its own, then the summary, the ordering check, the
     PNG and `bench.json` under `out`. A run that fails is reported with its log and stops the bench."""
     from rich.console import Console
@@ -219,6 +222,7 @@ def run_bench(workload_dir: Path, conditions: list[str], seeds: int, out: Path, 
                     "--workload", str(workload_dir), "--out", str(out)]
             argv += ["--config", str(config)] if config else []
             argv += ["--rounds", str(rounds)] if rounds is not None else []
+            argv += ["--model", model] if model is not None else []
             with log.open("w") as f:
                 rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
                                     timeout=RUN_TIMEOUT_S).returncode
@@ -228,11 +232,12 @@ def run_bench(workload_dir: Path, conditions: list[str], seeds: int, out: Path, 
             runs.append(json.loads((out / f"{cond}-s{seed}.json").read_text()))
             progress.advance(task)
     summary = bench_stats.summarize(runs)
-    result = {"workload": workload.name, "workload_dir": str(workload_dir), "conditions": conditions,
+    result = {"workload": workload.name, "workload_dir": str(workload_dir), "model": runs[0].get("model"),
+              "conditions": conditions,
               "seeds": list(range(seed0, seed0 + seeds)), "rounds_per_day": rounds, "skipped": skipped,
               "summary": summary, "ordering": bench_stats.ordering(summary), "runs": runs, "time": time.time()}
     (out / "bench.json").write_text(json.dumps(result, indent=2))
-    bench_stats.plot(summary, out / "bench.png", f"{workload.name}: {', '.join(conditions)}, {seeds} seed(s)")
+    bench_stats.plot(summary, out / "bench.png", f"{workload.name} ({result['model']}): {seeds} seed(s)")
     print_result(result, console)
     return result
 
@@ -243,7 +248,8 @@ def print_result(result: dict[str, Any], console) -> None:
     def cell(m, ci) -> str:
         return f"{m:.3f}" + (f" ± {ci:.3f}" if ci is not None else "")
 
-    t = Table(title=f"clawray bench: {result['workload']} (mean ± 95% CI over seeds {result['seeds']})")
+    t = Table(title=f"clawray bench: {result['workload']}, model {result['model']} "
+                    f"(mean ± 95% CI over seeds {result['seeds']})")
     for col in ("condition", "accuracy", "completion", "skills (last day)", "adapters (last day)"):
         t.add_column(col)
     for cond, s in result["summary"].items():
@@ -268,11 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--config", type=Path, default=None)
     p.add_argument("--rounds", type=int, default=None)
+    p.add_argument("--model", default=None)
     a = p.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "token")  # before Ray is imported, as `clawray` runs it
     from core.config import load_config
 
-    run_one(load_config(a.config), a.workload, a.run, a.seed, a.out, a.rounds)
+    run_one(load_config(a.config), a.workload, a.run, a.seed, a.out, a.rounds, a.model)
     return 0
 
 

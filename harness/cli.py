@@ -39,6 +39,8 @@ def bench(workload: Annotated[Path | None, typer.Argument(help="a MetaClaw-Bench
           seeds: Annotated[int, typer.Option(min=1, help="seeds per condition (0 .. N-1)")] = 3,
           rounds: Annotated[int | None, typer.Option(min=1, help="play only the first N rounds of each day")] = None,
           out: Annotated[Path | None, typer.Option(help="results folder (default state/bench/<workload>)")] = None,
+          model: Annotated[str | None, typer.Option(help="model.path for every run, e.g. tiny-instruct "
+                                                         "(make instruct-model)")] = None,
           config: control.ConfigOpt = None) -> None:
     """Replay a workload day by day per condition and seed, each on a fresh system; accuracy and completion
     per day and overall with 95% CIs, the ordering check, bench.json and bench.png (harness/bench.py)."""
@@ -54,7 +56,7 @@ def bench(workload: Annotated[Path | None, typer.Argument(help="a MetaClaw-Bench
         raise typer.BadParameter(f"{workload} has no all_tests.json (not a MetaClaw-Bench-format folder)",
                                  param_hint="WORKLOAD")
     out = (out or Path("state") / "bench" / workload.name).resolve()
-    run_bench(workload, conds, seeds, out, config=config, rounds=rounds, console=control.console)
+    run_bench(workload, conds, seeds, out, config=config, rounds=rounds, model=model, console=control.console)
 
 
 def main() -> None:

@@ -76,3 +76,11 @@ def test_each_condition_is_a_fresh_system_with_what_it_promises(tmp_path: Path, 
     assert cfg.scheduler.mode == "skills_only" and not cfg.memory.enabled
     assert not cfg.evolver.collective.enabled and cfg.evolver.scope == "user"
     assert not cfg.evolver.on_session_end and cfg.evolver.every_n_turns == 0
+
+
+def test_a_bench_may_run_the_instruction_following_model(tmp_path: Path):
+    from core.config import load_config
+
+    cfg = bench_config(load_config(None), "full", 0, tmp_path, None, model="tiny-instruct")
+    assert cfg.model_path() == str(cfg.cache_path() / "tiny-instruct")
+    assert bench_config(load_config(None), "full", 0, tmp_path, None).model_path().endswith("tiny-chat")

@@ -50,7 +50,8 @@ def test_lessons_drop_the_verdict_a_multi_choice_feedback_starts_with():
     """MetaClaw-Bench's per-option feedback ("B is wrong: <rule>", "Correct: <rule>") states one rule per
     option: the lesson is the rule, so B's and C's feedback are the same lesson (one skill, one name)."""
     rule = "timestamps must be ISO 8601 with a T separator and the +08:00 offset"
-    for fb in (f"B is wrong: {rule}.", f"Correct: {rule}.", f"C is incorrect - {rule}", f"Wrong: {rule}."):
+    for fb in (f"B is wrong: {rule}.", f"Correct: {rule}.", f"C is incorrect - {rule}", f"Wrong: {rule}.",
+               f"D wrong: {rule}."):
         assert extract_lessons(fb) == [rule], fb
     skills = FeedbackEvolver().distil([fail(f"B is wrong: {rule}.", "s1", "a"),
                                        fail(f"D is wrong: {rule}.", "s2", "b")], [])
