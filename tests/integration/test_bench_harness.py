@@ -44,4 +44,4 @@ def test_bench_runs_every_condition_on_a_fresh_system(tmp_path):
     assert runs["full"]["days"][1]["window"] is None  # no window after the last day
     assert [(o["lower"], o["higher"], o["holds"]) for o in result["ordering"]] == [
         ("baseline", "skills", None), ("skills", "full", None)]  # one seed: no interval, no verdict
-    assert "clawray bench: clawray-mini" in proc.stdout
+    assert "baseline < skills: gap" in proc.stdout and result["model"] == "tiny"
