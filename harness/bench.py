@@ -78,7 +78,8 @@ def bench_config(cfg: ClawrayConfig, condition: str, seed: int, root: Path, work
     data["evolver"]["collective"]["enabled"] = False
     data["memory"]["enabled"] = False
     data["skills"]["enabled"] = cond.skills
-    data["train"]["seed"] = seed
+    # An evening trains whatever the afternoon left fresh: a few turns, some masked (reward exactly 0).
+    data["train"].update(seed=seed, min_fresh_samples=1)
     if model is not None:  # e.g. `tiny-instruct` (scripts/make_instruct_model.py)
         data["model"]["path"] = model
     return config_from_dict(data, f"bench-{condition}")

@@ -70,7 +70,7 @@ def test_each_condition_is_a_fresh_system_with_what_it_promises(tmp_path: Path, 
     from core.config import load_config
 
     cfg = bench_config(load_config(None), condition, 7, tmp_path / "state", None)
-    assert cfg.storage_path() == tmp_path / "state" and cfg.train.seed == 7
+    assert cfg.storage_path() == tmp_path / "state" and cfg.train.seed == 7 and cfg.train.min_fresh_samples == 1
     assert cfg.skills.enabled == (condition != "baseline")
     # No window opens by itself (the harness opens `full`'s evenings); memory and the collective job off.
     assert cfg.scheduler.mode == "skills_only" and not cfg.memory.enabled
