@@ -142,13 +142,12 @@ class Run:
         morning, afternoon = halves(day.rounds)
         replay0, observed0 = self._stats(names.REPLAY)["total"], self._stats(names.EVOLVER)["turns_observed"]
         results = self._play(base_url, day, morning, "am")
+        am, pm = (f"{USER}-{day.id}-s{self.seed}-{part}" for part in ("am", "pm"))
         if self.cond.skills and morning:  # midday: the fast loop distils the morning's failures (only)
-            am = f"{USER}-{day.id}-s{self.seed}-am"
             self._settle([am], replay0, observed0)
             ray.get(self.handles[names.EVOLVER].evolve_now.remote(am))
-        replay1, observed1 = self._stats(names.REPLAY)["total"], self._stats(names.EVOLVER)["turns_observed"]
         results += self._play(base_url, day, afternoon, "pm")
-        self._settle([f"{USER}-{day.id}-s{self.seed}-pm"], replay1, observed1)
+        self._settle([am, pm], replay0, observed0)  # the whole day stored before the evening
         trained = None
         if self.cond.train and i < len(self.workload.days) - 1:  # evening: an RL window before the next day
             trained = ray.get(self.handles[names.CONTROLLER].train_step.remote(self.cfg.train.max_steps_per_window))
