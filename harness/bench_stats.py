@@ -89,11 +89,13 @@ def plot(summary: dict[str, Any], path: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [3, 1.4]})
-    for cond, s in summary.items():
-        xs = list(range(1, len(s["days"]) + 1))
+    for j, (cond, s) in enumerate(summary.items()):  # nudged apart: equal conditions stay visible
+        xs = [i + 0.06 * (j - (len(summary) - 1) / 2) for i in range(len(s["days"]))]
         ys = [d["accuracy"] for d in s["days"]]
         err = [d["accuracy_ci"] or 0.0 for d in s["days"]]
         ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=cond)
+    first = next(iter(summary.values()))["days"] if summary else []
+    ax.set_xticks(range(len(first)), [d["day"] for d in first], rotation=45 if len(first) > 6 else 0)
     ax.set_xlabel("day")
     ax.set_ylabel("accuracy (mean round score)")
     ax.set_ylim(-0.02, 1.02)
