@@ -22,9 +22,7 @@ import hashlib
 import json
 import math
 import random
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -221,18 +219,16 @@ def make(args: argparse.Namespace) -> dict[str, Any]:
     fp = fingerprint(args)
     if is_built(out, fp) and not args.force:
         return json.loads((out / "clawray-build.json").read_text())
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
-        info = {"fingerprint": fp, "seed": args.seed, "steps": args.steps, "batch": args.batch, "lr": args.lr,
-                "shape": SHAPE, **train(args, tmp)}
+    from scripts.make_tiny_model import build_into
+
+    info: dict[str, Any] = {"fingerprint": fp, "seed": args.seed, "steps": args.steps, "batch": args.batch,
+                            "lr": args.lr, "shape": SHAPE}
+
+    def build(tmp: Path) -> None:
+        info.update(train(args, tmp))
         (tmp / "clawray-build.json").write_text(json.dumps(info, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    build_into(out, build)
     return info
 
 

@@ -160,18 +160,13 @@ def is_built(out: Path) -> bool:
         return False
 
 
-def make(out: Path = DEFAULT_OUT, force: bool = False) -> Path:
-    """Build into `out` (atomically: a temp folder renamed into place). Idempotent."""
-    if is_built(out) and not force:
-        return out
+def build_into(out: Path, build) -> Path:
+    """Run `build(tmp)` in a temporary folder beside `out`, then rename it into place: a crash or an
+    interrupt leaves the previous build (or none), never a half-written one."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
-        tok = build_tokenizer(tmp)
-        build_model(tmp, tok)
-        (tmp / "clawray-build.json").write_text(
-            json.dumps({"fingerprint": _fingerprint(), "seed": SEED})
-        )
+        build(tmp)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -179,6 +174,18 @@ def make(out: Path = DEFAULT_OUT, force: bool = False) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def make(out: Path = DEFAULT_OUT, force: bool = False) -> Path:
+    """Build into `out` (atomically, `build_into`). Idempotent."""
+    if is_built(out) and not force:
+        return out
+
+    def build(tmp: Path) -> None:
+        build_model(tmp, build_tokenizer(tmp))
+        (tmp / "clawray-build.json").write_text(json.dumps({"fingerprint": _fingerprint(), "seed": SEED}))
+
+    return build_into(out, build)
 
 
 def main() -> None:
