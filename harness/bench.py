@@ -95,8 +95,8 @@ def halves(rounds: list) -> tuple[list, list]:
 class Run:
     """One condition and seed on a fresh system (this process owns it from start to stop)."""
 
-    def __init__(self, cfg: ClawrayConfig, condition: str, seed: int, workload, out: Path):
-        self.cfg, self.condition, self.seed, self.workload, self.out = cfg, condition, seed, workload, out
+    def __init__(self, cfg: ClawrayConfig, condition: str, seed: int, workload):
+        self.cfg, self.condition, self.seed, self.workload = cfg, condition, seed, workload
         self.cond = CONDITIONS[condition]
         self.root = cfg.storage_path()
         self.handles: dict[str, Any] = {}
@@ -109,13 +109,9 @@ class Run:
 
     def _settle(self, sessions: list[str], replay0: int, observed0: int) -> None:
         """Until every main turn of `sessions` is stored in Replay and observed by the Evolver."""
-        from serve.sessions import SessionStore
+        from harness.demo import session_turns
 
-        store = SessionStore(self.root / "sessions" / "sessions.db", self.cfg.state)
-        try:
-            n = sum(len(store.turns(s)) for s in sessions)
-        finally:
-            store.close()
+        n = len(session_turns(self.cfg, sessions))
         deadline = time.time() + SETTLE_TIMEOUT_S
         while time.time() < deadline:
             if (self._stats(names.REPLAY)["total"] - replay0 >= n
@@ -189,7 +185,7 @@ def run_one(cfg: ClawrayConfig, workload_dir: Path, condition: str, seed: int, o
     cfg = bench_config(cfg, condition, seed, root / "state", workload.workspace_src, model)
     for k, v in runtime_env_vars(cfg).items():
         os.environ.setdefault(k, v)
-    result = Run(cfg, condition, seed, workload, out).run()
+    result = Run(cfg, condition, seed, workload).run()
     result["workload"], result["model"] = workload.name, cfg.model.path
     (out / f"{condition}-s{seed}.json").write_text(json.dumps(result, indent=2))
     return result

@@ -76,6 +76,17 @@ def demo_config(cfg: ClawrayConfig, storage_root: Path | None = None, workspace_
     return config_from_dict(data, "demo")
 
 
+def session_turns(cfg: ClawrayConfig, sessions: list[str]) -> list:
+    """The recorded turns of `sessions`, read from the session store of `cfg`'s storage root."""
+    from serve.sessions import SessionStore
+
+    store = SessionStore(cfg.storage_path() / "sessions" / "sessions.db", cfg.state)
+    try:
+        return [t for s in sessions for t in store.turns(s)]
+    finally:
+        store.close()
+
+
 def _wait(pred, timeout: float, every: float = 0.5):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -157,13 +168,7 @@ class Demo:
         return {sid: (state, gen) for sid, state, gen in rows}
 
     def _turns(self, sessions: list[str]) -> list:
-        from serve.sessions import SessionStore
-
-        store = SessionStore(self.root / "sessions" / "sessions.db", self.cfg.state)
-        try:
-            return [t for s in sessions for t in store.turns(s)]
-        finally:
-            store.close()
+        return session_turns(self.cfg, sessions)
 
     def _settle(self, sessions: list[str], replay0: int, observed0: int) -> tuple[int, int, int]:
         """Wait until every main turn of `sessions` is scored into Replay and observed by the Evolver.

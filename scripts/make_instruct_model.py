@@ -97,7 +97,6 @@ def train(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     from harness.corpus import examples
 
     torch.manual_seed(args.seed)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     tok = AutoTokenizer.from_pretrained(BASE)
     base_cfg = json.loads((BASE / "config.json").read_text())
     cfg = Qwen2Config(vocab_size=base_cfg["vocab_size"], max_position_embeddings=base_cfg["max_position_embeddings"],
