@@ -120,7 +120,8 @@ def collective_wiring(cfg: ClawrayConfig, layout: StorageLayout) -> dict[str, An
     the OMLS actor its schedule asks whether serving is idle."""
     ns = cfg.ray.namespace
     return {"storage_root": str(layout.root), "state": cfg.state.model_dump(),
-            "gate": {"engine": {"deployment": names.ENGINE, "app": names.APP, "model": cfg.model.served_name},
+            # The gate replays with what users are served: the policy alias is the active adapter (or the base).
+            "gate": {"engine": {"deployment": names.ENGINE, "app": names.APP, "model": cfg.model.policy_alias},
                      "prms": sink_names(cfg), "namespace": ns},
             "omls": [names.OMLS, ns]}
 

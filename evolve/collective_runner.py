@@ -6,7 +6,7 @@
   (sleep hours, inactivity, a calendar event), so the gate's replays never compete with users' turns;
   `clawray skills evolve --now` runs at once.
 - The gate's two callables, wired by name from what the composition root passed (evolve/ imports neither
-  plane): `ServeGenerate` asks the engine deployment (Serve handle; greedy, the policy's served name, so
+  plane): `ServeGenerate` asks the engine deployment (Serve handle; greedy, the policy alias, so
   the active adapter) and `PrmGrade` asks a PRM actor (`PRM.grade`: the same checkers and judge that
   score users' turns).
 """
