@@ -59,6 +59,9 @@ SERVING_PROBE_S = 10.0  # how long the engine may take to answer the start-up pr
 ENGINE_SLEEP_S = 300.0  # how long the engine may take to sleep (in-flight requests finish first) or wake
 WORKERS_GONE_S = 60.0  # how long a wake waits for an ended run's Ray Train workers to be gone
 STATE_KEY = "controller"  # in the control store
+# Runs that re-sample GRPO groups first (`train.rollouts`): a window's (serving idle by definition) and a
+# manual one (the operator's call); an `rl` run trains while users work, so it takes what they were served.
+ROLLOUT_RUNS = ("window", "manual")
 LEGACY_FILE = "controller.json"  # under control/: where releases before the control store kept the state
 
 
@@ -205,8 +208,10 @@ class ControllerActor:
                        run_name="grpo", max_steps=max_steps, lease_s=self.cfg.replay.lease_timeout_s,
                        holder=f"Controller {reason} run {self.runs + 1}", state=self.cfg.state,
                        namespace=self.cfg.ray.namespace)
-        if self.sharing:  # a run we would wait for must not cost serving a sleep
+        rollouts = self.cfg.train.rollouts.enabled and reason in ROLLOUT_RUNS
+        if self.sharing or rollouts:  # a run we would wait for must not cost serving a sleep, nor re-sampling
             await asyncio.to_thread(self._raise_if_locked)
+        groups = await self._rollouts(reason) if rollouts else None  # the engine is awake and idle now
         try:
             await self._sleep_engine(reason)
             await asyncio.to_thread(job.start)
@@ -222,8 +227,31 @@ class ControllerActor:
         self._request_resources(True)
         self.runs += 1
         self.job = job
-        self.current = {"run": self.runs, "reason": reason, "started_at": time.time()}
+        self.current = {"run": self.runs, "reason": reason, "started_at": time.time(), "rollouts": groups}
         self._event("run_started", run=self.runs, reason=reason)
+
+    async def _rollouts(self, reason: str) -> dict[str, Any] | None:
+        """Re-sampled GRPO groups for the run about to start (train/rollouts.py), recorded as an event and
+        returned (its summary). A failure here never stops the run: it trains what the buffer holds."""
+        from ray import serve
+
+        from cluster.rollouts import resample_groups
+
+        replay, prms = self._actor(names.REPLAY), names.names_for(self.cfg).prms
+        if replay is None or not prms:
+            return None
+        try:
+            engine = serve.get_deployment_handle(names.ENGINE, app_name=self.serving_app or names.APP)
+            report = await resample_groups(self.cfg, replay=replay, engine=engine, prm=self._actor, prms=prms)
+        except Exception as e:  # noqa: BLE001 - e.g. Replay unreachable: the run goes ahead without groups
+            log.warning("re-sampling for the %s run failed: %s: %s", reason, type(e).__name__, e)
+            self._event("rollouts_failed", reason=reason, error=f"{type(e).__name__}: {str(e)[:200]}")
+            return None
+        summary = report.as_dict()
+        rewards = summary.pop("rewards")
+        summary["mean_reward"] = round(sum(map(sum, rewards)) / report.samples, 4) if report.samples else None
+        self._event("rollouts", reason=reason, **summary)
+        return summary
 
     async def _stop(self) -> None:
         if self.job is not None and self.job.running:
@@ -236,9 +264,9 @@ class ControllerActor:
             return
         result = await asyncio.to_thread(self.job.wait, 0)
         run, reason = self.current["run"], self.current["reason"]
+        data = {"run": run, "reason": reason, "rollouts": self.current.get("rollouts")}
         self.current = None
         self._request_resources(False)
-        data = {"run": run, "reason": reason}
         if result is None:  # its thread died without a result
             data.update(steps=0, stop_reason="error", error="the training run's thread ended without a result")
         else:

@@ -314,6 +314,28 @@ class LoRAConfig(Section):
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
 
+class RolloutConfig(Section):
+    """Re-sampled GRPO groups (train/rollouts.py): before a window's (or a manual) run trains, the serving
+    engine, otherwise idle then, samples `group_size` responses for each of up to `max_prompts` fresh query
+    prompts with the active adapter (the prompt ids as served: the current generation's skills), the PRM
+    grades them as the validation gate does (the prompt's check on the reply alone, else the judge without a
+    next state), and the whole group is stored so the step trains it with group-relative advantages."""
+
+    group_size: int = Field(default=0, ge=0)  # responses per prompt; 0 (or 1) = off
+    max_prompts: int = Field(default=8, ge=1)  # fresh prompts re-sampled per run (the budget)
+    max_tokens: int = Field(default=256, ge=1)
+    temperature: float = Field(default=1.0, gt=0)  # groups need different responses
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    # A group whose members all got the same reward has zero advantages: it costs a step's compute and
+    # teaches nothing, so it is not stored unless asked (DAPO's dynamic sampling).
+    keep_uniform_groups: bool = False
+    timeout_s: float = Field(default=120.0, gt=0)  # per engine or PRM call
+
+    @property
+    def enabled(self) -> bool:
+        return self.group_size >= 2
+
+
 class TrainConfig(Section):
     loss: Literal["importance_sampling", "ppo", "cispo"] = "importance_sampling"
     lr: float = Field(default=1e-3, gt=0)
@@ -345,6 +367,7 @@ class TrainConfig(Section):
     deepspeed_zero2: bool = False
     min_fresh_samples: int = Field(default=8, ge=1)
     max_steps_per_window: int = Field(default=4, ge=1)
+    rollouts: RolloutConfig = Field(default_factory=RolloutConfig)
     seed: int = 0
     # Custom resources each training worker asks for (e.g. {clawray_train: 1}: only training nodes offer
     # it); the Controller's autoscaler request asks for the same bundles (`worker_bundle`).

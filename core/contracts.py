@@ -144,6 +144,10 @@ class Sample(Record):
     skills: list[str] = Field(default_factory=list)
     memories: list[str] = Field(default_factory=list)  # ids of the memory units the policy saw
     turn_id: str | None = None
+    # The check the turn was sent with ("clawray_eval"): a re-sampled group (train/rollouts.py) grades
+    # its responses to the same prompt with it.
+    eval_spec: dict[str, Any] | None = None
+    rollout_of: str | None = None  # re-sampled group member: the sample id whose prompt it answers
 
     @field_validator("loss_mask")
     @classmethod
@@ -192,6 +196,7 @@ class Sample(Record):
             skills=turn.skills,
             memories=turn.memories,
             turn_id=turn.turn_id,
+            eval_spec=turn.eval_spec,
             **audit,
         )
 

@@ -51,9 +51,15 @@ RUN_TIMEOUT_S = 3600.0
 class Condition:
     skills: bool  # skills injected, and the fast loop distils failures at midday
     train: bool  # an RL window every evening
+    groups: bool = False  # the window re-samples GRPO groups first (train/rollouts.py), else batch-normalised
 
 
-CONDITIONS = {"baseline": Condition(False, False), "skills": Condition(True, False), "full": Condition(True, True)}
+CONDITIONS = {"baseline": Condition(False, False), "skills": Condition(True, False), "full": Condition(True, True),
+              "groups": Condition(True, True, groups=True)}
+# `groups`: the evening window re-samples GROUP_SIZE responses for each of the afternoon's fresh prompts
+# through the engine and trains them with group-relative advantages (issue 18 item 3), vs `full`'s batch
+# normalisation over the afternoon's turns as served.
+GROUP_SIZE = 8
 
 
 def parse_conditions(text: str) -> list[str]:
@@ -80,6 +86,7 @@ def bench_config(cfg: ClawrayConfig, condition: str, seed: int, root: Path, work
     data["skills"]["enabled"] = cond.skills
     # An evening trains whatever the afternoon left fresh: a few turns, some masked (reward exactly 0).
     data["train"].update(seed=seed, min_fresh_samples=1)
+    data["train"]["rollouts"]["group_size"] = GROUP_SIZE if cond.groups else 0
     if model is not None:  # e.g. `tiny-instruct` (scripts/make_instruct_model.py)
         data["model"]["path"] = model
     return config_from_dict(data, f"bench-{condition}")
@@ -156,7 +163,7 @@ class Run:
                 "samples": self._stats(names.REPLAY)["total"], "skills": self._stats(names.EVOLVER)["skills"],
                 "adapters": len(self.adapters),
                 "window": None if trained is None else {k: trained.get(k) for k in
-                                                       ("steps", "trained", "stop_reason", "error")}}
+                                                       ("steps", "trained", "stop_reason", "error", "rollouts")}}
 
     def run(self) -> dict[str, Any]:
         from cluster.system import start_system, stop_system

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 CONFIDENCE = 0.95
-ORDER = ("baseline", "skills", "full")
+ORDER = ("baseline", "skills", "full", "groups")  # `groups` vs `full`: re-sampled groups vs batch norm
 
 
 def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float | None]:
@@ -66,7 +66,7 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def ordering(summary: dict[str, Any], key: str = "accuracy") -> list[dict[str, Any]]:
-    """For each consecutive pair of ORDER present (baseline < skills, skills < full): the gap of the
+    """For each consecutive pair of ORDER present (baseline < skills, skills < full, full < groups): the gap of the
     overall means and whether it is larger than its confidence interval. The interval of a difference
     of two independent means is taken conservatively as the sum of the two half-widths (the intervals do
     not overlap); with one seed there is no interval and `holds` is None."""

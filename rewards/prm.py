@@ -130,6 +130,29 @@ class PRM:
             observer.notify(turn, sample)
         return sample
 
+    async def score_group(self, turns: list[Turn], source_id: str, keep_uniform: bool = False) -> dict[str, Any]:
+        """Score a re-sampled GRPO group (train/rollouts.py: every member answers one prompt) and store it
+        whole, in one append, or not at all: a member nothing can grade leaves the group ungradable, and
+        a group whose rewards are all equal (no advantage) is dropped unless `keep_uniform`. Users' turns
+        are not involved: the evolver and observers are not told. `source_id`: the sample whose prompt the
+        group answers (`Sample.rollout_of`). Returns {"stored", "rewards", "why"}."""
+        samples = [await self.scorer.score_rollout(t) for t in turns]
+        if any(s is None for s in samples) or not samples:
+            self.counts["rollout_ungradable"] += 1
+            return {"stored": 0, "rewards": [], "why": "ungradable"}
+        for s in samples:
+            s.rollout_of = source_id
+        rewards = [s.reward for s in samples]
+        if not keep_uniform and max(rewards) == min(rewards):
+            self.counts["rollout_uniform"] += 1
+            return {"stored": 0, "rewards": rewards, "why": "uniform"}
+        try:
+            await self.sink.append(samples)
+        except Exception as e:  # noqa: BLE001 - the caller retries a later window; nothing half-stored
+            raise SinkUnavailable(f"sink {type(self.sink).__name__} failed: {type(e).__name__}: {e}") from e
+        self.counts["rollout_samples"] += len(samples)
+        return {"stored": len(samples), "rewards": rewards, "why": "stored"}
+
     async def grade(self, messages: list[dict[str, Any]], reply: str, eval_spec: dict[str, Any] | None,
                     files: dict[str, bytes] | None = None) -> float | None:
         """Grade a replayed reply (and the files a replay with tools left) in [0, 1] with this PRM's

@@ -167,6 +167,35 @@ class Scorer:
         reward, _ = decide_reward(None, votes)
         return (reward + 1.0) / 2.0
 
+    async def score_rollout(self, turn: Turn) -> Sample | None:
+        """A member of a re-sampled GRPO group (train/rollouts.py), scored as the gate grades a replay:
+        the prompt's check on the reply alone, else the judge without a next state (MetaClaw's PRM);
+        None when nothing can grade it (a check that reads the workspace: the user's files are those of
+        the original turn, not of this response). Every graded member is trained (mask all ones): its
+        advantage is relative to its group, so a reward of 0 among others is signal too."""
+        check, votes = None, []
+        if turn.eval_spec:
+            if not self.cfg.checkers:
+                return None
+            try:
+                check = await asyncio.to_thread(_evaluate_replay, turn.eval_spec, turn.response_text, None,
+                                                self.cfg.checkers)
+            except CheckerSpecError:
+                return None
+        else:
+            if not turn.messages and self.policy_tokens is not None:  # the judge reads the served prompt
+                text = self.policy_tokens.tokenizer.decode(turn.prompt_ids, skip_special_tokens=False)
+                turn = turn.model_copy(update={"messages": [{"role": "user", "content": text}]})
+            votes = await self._votes(turn, use_next_state=False)
+            if not any(v.score is not None for v in votes):
+                return None
+        reward, source = decide_reward(check, votes)
+        sample = Sample.from_turn(turn, reward, True, sample_id=turn.turn_id, votes=votes, reward_source=source)
+        if self.teacher is not None:
+            await self.check_teacher()
+            sample.teacher_logprobs = await opd.teacher_logprobs(self.teacher, turn)
+        return sample
+
     def _check(self, turn: Turn) -> CheckResult | None:
         if not turn.eval_spec or not self.cfg.checkers:
             return None
@@ -177,13 +206,13 @@ class Scorer:
             log.warning("turn %s: eval spec not usable: %s", turn.turn_id, e)
             return None
 
-    async def _votes(self, turn: Turn) -> list[Vote]:
+    async def _votes(self, turn: Turn, use_next_state: bool | None = None) -> list[Vote]:
         """`cfg.votes` independent judge replies, each parsed (unparseable -> score None)."""
         if self.judge is None:
             return []
-        messages = build_judge_messages(
-            turn, tokens=self.tokens, budget=self.cfg.judge_token_budget, use_next_state=self.cfg.use_next_state
-        )
+        use_next = self.cfg.use_next_state if use_next_state is None else use_next_state
+        messages = build_judge_messages(turn, tokens=self.tokens, budget=self.cfg.judge_token_budget,
+                                        use_next_state=use_next)
         calls = [
             self.judge.chat(messages, temperature=self.cfg.temperature, max_tokens=self.judge_max_tokens)
             for _ in range(self.cfg.votes)

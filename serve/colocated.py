@@ -77,6 +77,9 @@ class ColocatedEngine(Proxy.func_or_class):
     messages_stream = _relayed("messages_stream")
     responses_stream = _relayed("responses_stream")
 
+    async def complete(self, body: dict[str, Any]) -> Reply:  # the Controller's re-sampled groups
+        return await self.policy.complete(body)
+
     async def count_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
         return await self.policy.count_tokens(body)
 

@@ -132,6 +132,11 @@ class PolicyEngineImpl:
             async for item in self.vllm.responses_stream(body):
                 yield item
 
+    async def complete(self, body: dict[str, Any]) -> Reply:
+        """Token-id completions with the active adapter (train/rollouts.py; no HTTP route)."""
+        async with self._admitted(body):
+            return await self.vllm.complete(body)
+
     async def count_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
         body["model"] = self.model_cfg.served_name
         return await self.vllm.count_tokens(body)

@@ -56,6 +56,9 @@ class Engine(Protocol):
 
     def responses_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]: ...
 
+    async def complete(self, body: dict[str, Any]) -> Reply:
+        """OpenAI completions on token ids (`prompt`: [ids], `n`): training windows' re-sampled groups."""
+
     async def count_tokens(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
     async def models(self) -> dict[str, Any]:

@@ -141,6 +141,10 @@ class UpstreamEngineImpl:
         raise EngineRequestError(501, "count_tokens is not available in upstream mode (no local tokenizer)",
                                  "not_supported_error")
 
+    async def complete(self, body: dict[str, Any]) -> Reply:
+        raise EngineRequestError(501, "token-id completions (re-sampled GRPO groups) need the local engine, "
+                                 "not upstream mode", "not_supported_error")
+
     async def responses(self, body: dict[str, Any]) -> Reply:
         raise _no_responses()
 

@@ -198,6 +198,19 @@ class VLLMServing:
             self.client.release(key)
         yield Reply({}, cap, _responses_messages(req))
 
+    async def complete(self, body: dict[str, Any]) -> Reply:
+        """OpenAI completions on a prompt of token ids (`"prompt": [ids]`), through vLLM's own completion
+        serving (generation-config defaults, the adapter by model name, `n` choices): the re-sampled GRPO
+        groups of a training window (train/rollouts.py) answer exactly the prompt a user was served.
+        Not an HTTP route: only the Controller calls it, through the deployment handle."""
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+        req = _validate(CompletionRequest, body)
+        result, cap, key = await self._run(self.state.openai_serving_completion.create_completion, req,
+                                           req.max_tokens, prefix="cmpl-")
+        self.client.release(key)
+        return Reply(result.model_dump(mode="json", exclude_none=True), cap, [])
+
     async def count_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
         """Anthropic `count_tokens`: vLLM renders the prompt exactly as `messages` would."""
         from vllm.entrypoints.anthropic.protocol import AnthropicCountTokensRequest

@@ -135,6 +135,9 @@ class Replay:
     def release_expired(self) -> int:
         return self._store.release_expired()
 
+    def rollout_candidates(self, limit: int) -> list[Sample]:
+        return self._store.rollout_candidates(limit)
+
     def states(self, sample_ids: list[str]) -> dict[str, str]:
         return self._store.states(sample_ids)
 

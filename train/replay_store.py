@@ -70,6 +70,7 @@ from train.replay_tx import CLAIMABLE, ReplayTx, marks, read_generation
 
 STATES: tuple[SampleState, ...] = (
     "fresh", "leased", "sealed", "trained", "retired", "support", "masked", "dead")
+ROLLOUT_PREFIX = "ro-"  # group id of a re-sampled group: "ro-" + the sample id whose prompt it answers
 FENCE_KEEP_S = 86_400.0  # expired fences are kept this long (end_evolution may still come), then pruned
 
 
@@ -278,6 +279,36 @@ class ReplayStore:
         """The current generation as committed (by any process)."""
         with self._db.tx() as c:
             return read_generation(c)
+
+    def rollout_candidates(self, limit: int, scan: int | None = None) -> list[Sample]:
+        """Fresh samples of the current generation served alone (no group) whose prompt no re-sampled
+        group answers yet (train/rollouts.py), newest first, one per distinct prompt, at most `limit`.
+        Looks at the newest `scan` such rows (default 16 x limit) only."""
+        scan = scan or 16 * limit
+        with self._db.tx() as c:
+            rows = c.execute(
+                "SELECT sample_id, payload FROM samples WHERE state = 'fresh' AND generation = ? "
+                "AND group_id IS NULL ORDER BY seq DESC LIMIT ?", (read_generation(c), scan)).fetchall()
+            groups = [ROLLOUT_PREFIX + sid for sid, _ in rows]
+            done = {g for (g,) in c.execute(
+                f"SELECT DISTINCT group_id FROM samples WHERE group_id IN ({marks(len(groups))})", tuple(groups)
+            ).fetchall()} if groups else set()
+        out: list[Sample] = []
+        prompts: set[tuple[int, ...]] = set()
+        for sid, payload in rows:
+            if ROLLOUT_PREFIX + sid in done:
+                continue
+            try:
+                sample = Sample.model_validate_json(payload)
+            except ValueError:
+                continue  # a lease dead-letters it; not this reader's business
+            key = tuple(sample.prompt_ids)
+            if key not in prompts:
+                prompts.add(key)
+                out.append(sample)
+            if len(out) >= limit:
+                break
+        return out
 
     def states(self, sample_ids: Sequence[str]) -> dict[str, SampleState]:
         """The state of each known sample id (audit, tests)."""

@@ -65,7 +65,7 @@ def test_conditions_are_checked_and_the_day_is_split_at_midday():
     assert halves([1, 2, 3, 4, 5]) == ([1, 2], [3, 4, 5]) and halves([]) == ([], [])
 
 
-@pytest.mark.parametrize("condition", ["baseline", "skills", "full"])
+@pytest.mark.parametrize("condition", ["baseline", "skills", "full", "groups"])
 def test_each_condition_is_a_fresh_system_with_what_it_promises(tmp_path: Path, condition: str):
     from core.config import load_config
 
@@ -76,6 +76,8 @@ def test_each_condition_is_a_fresh_system_with_what_it_promises(tmp_path: Path, 
     assert cfg.scheduler.mode == "skills_only" and not cfg.memory.enabled
     assert not cfg.evolver.collective.enabled and cfg.evolver.scope == "user"
     assert not cfg.evolver.on_session_end and cfg.evolver.every_n_turns == 0
+    # Only `groups` re-samples GRPO groups in its windows; `full` trains the turns as served.
+    assert cfg.train.rollouts.enabled == (condition == "groups")
 
 
 def test_a_bench_may_run_the_instruction_following_model(tmp_path: Path):

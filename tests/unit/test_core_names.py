@@ -215,8 +215,13 @@ def ns(ray_local):
     namespace = f"names-{uuid.uuid4().hex[:8]}"
     yield namespace
     for a in ray_local.util.list_named_actors(all_namespaces=True):
-        if a["namespace"] == namespace:
-            ray_local.kill(ray_local.get_actor(a["name"], namespace=namespace), no_restart=True)
+        if a["namespace"] != namespace:
+            continue
+        try:  # listed while it was dying (a test killed it): its name may be gone by now
+            handle = ray_local.get_actor(a["name"], namespace=namespace)
+        except ValueError:
+            continue
+        ray_local.kill(handle, no_restart=True)
 
 
 class Echo:
