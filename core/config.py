@@ -215,6 +215,10 @@ class SandboxConfig(Section):
 
     tools: str  # "module:attribute": an object with `specs` (OpenAI tool definitions) and `run(ws, name, args)`
     workspace_src: str | None = None  # copied per replay; None: each replay starts in an empty folder
+    # Where clients keep the workspace as it was when a task started: a task whose check names one
+    # (`clawray_eval.workspace_before`, a path under this folder) is replayed from it instead of
+    # `workspace_src` (earlier tasks of the day may have changed the files). None: always `workspace_src`.
+    snapshot_root: str | None = None
     max_steps: int = Field(default=2, ge=0)  # rounds of tool calls before the final reply
     max_bytes: int = Field(default=4 << 20, ge=1)  # the workspace a replay leaves, sent to the grader at most
 

@@ -165,9 +165,11 @@ class Validator:
         messages = with_skill(e.messages, skill)
         if self._with_tools(e):
             try:
+                start = self.sandbox.start_for(e.eval_spec)
                 async with self._sem:
-                    reply, files = await self.sandbox.replay(self.chat, messages, e.tools, self.cfg.max_tokens)
-            except SandboxError:  # its workspace grew past what the grader is sent: not gradable
+                    reply, files = await self.sandbox.replay(self.chat, messages, e.tools, self.cfg.max_tokens,
+                                                             start)
+            except SandboxError:  # its snapshot is gone, or its workspace grew past what the grader is sent
                 return None
             return await self.grade(messages, reply, e.eval_spec, files)
         async with self._sem:

@@ -4,8 +4,9 @@ A task whose check reads files the agent wrote (a `file_check`) cannot be graded
 replay must act. With `evolver.collective.gate.sandbox` set, a task whose recorded request offered tools
 is replayed as an agent loop: the conversation up to the task's last user message (a later tool step's
 earlier calls never happened in the sandbox), the offered tools' definitions, the engine's greedy reply;
-each tool call is run by the configured tool set in a fresh copy of the workload's workspace and its
-result sent back, up to `max_steps` rounds; then the reply and the files the replay left go to the grader
+each tool call is run by the configured tool set in a fresh copy of the workspace as it was when the task
+started (the snapshot its check names, `workspace_before` under `snapshot_root`, where the client keeps
+one; else the workload's `workspace_src`) and its result sent back, up to `max_steps` rounds; then the reply and the files the replay left go to the grader
 (`PRM.grade`, which checks them where the spec's workspace would be). Each replay gets its own folder, so
 A and B never see each other's writes and nothing a user owns is touched.
 
@@ -86,6 +87,19 @@ class Sandbox:
         if self.src is not None and not self.src.is_dir():
             raise SandboxError(f"sandbox.workspace_src {cfg.workspace_src!r} is not a directory")
 
+    def start_for(self, eval_spec: dict[str, Any] | None) -> Path | None:
+        """The folder a replay of the task starts from: the snapshot its check names
+        (`workspace_before`, confined to `snapshot_root`), else None (`workspace_src`). Raises SandboxError
+        for a snapshot that is named but outside the root or gone: the task cannot be replayed faithfully."""
+        rel = (eval_spec or {}).get("workspace_before")
+        if rel is None or self.cfg.snapshot_root is None:
+            return None
+        root = Path(self.cfg.snapshot_root).resolve()
+        path = (root / str(rel)).resolve()
+        if not path.is_relative_to(root) or not path.is_dir():
+            raise SandboxError(f"the task's workspace snapshot {rel!r} is not a folder under snapshot_root")
+        return path
+
     def offered(self, names: Sequence[str]) -> list[dict[str, Any]]:
         """The tool set's definitions the recorded request offered (by name)."""
         return [s for s in self.tools.specs if set(tool_names([s])) & set(names)]
@@ -99,13 +113,15 @@ class Sandbox:
         return str(out)[:MAX_RESULT_CHARS]
 
     async def replay(self, chat: Chat, messages: Sequence[dict[str, Any]], offered: Sequence[str],
-                     max_tokens: int) -> tuple[str, dict[str, bytes]]:
-        """The final reply of the task replayed with its tools, and the workspace it left."""
+                     max_tokens: int, start: Path | None = None) -> tuple[str, dict[str, bytes]]:
+        """The final reply of the task replayed with its tools, and the workspace it left; the replay's
+        folder starts as a copy of `start` (the task's own snapshot, `start_for`) or of `workspace_src`."""
         specs = self.offered(offered)
+        src = start if start is not None else self.src
         with tempfile.TemporaryDirectory(prefix="clawray-sandbox-") as tmp:
             ws = Path(tmp) / "workspace"
-            if self.src is not None:
-                await asyncio.to_thread(shutil.copytree, self.src, ws, symlinks=True)
+            if src is not None:
+                await asyncio.to_thread(shutil.copytree, src, ws, symlinks=True)
             ws.mkdir(exist_ok=True)
             msgs, reply = task_messages(messages), ""
             for step in range(self.cfg.max_steps + 1):

@@ -70,8 +70,12 @@ def demo_config(cfg: ClawrayConfig, storage_root: Path | None = None, workspace_
     data["skills"]["groups"] = {**data["skills"].get("groups", {}), "team": list(USERS)}
     data["evolver"]["collective"]["gate"]["max_tokens"] = 24  # the demo's replies are 24 tokens (driver.py)
     # The gate replays file tasks with the users' tools in a copy of the workload's workspace (evolve/sandbox.py).
+    # A file task is replayed from the user's files as they were when it started (harness/driver.py keeps a
+    # snapshot per task under the workspaces folder); the workload's own copy is the fallback.
+    root = Path(data["storage_root"])
     data["evolver"]["collective"]["gate"]["sandbox"] = {
-        "tools": "harness.tools:WORKSPACE_TOOLS", "workspace_src": str(workspace_src) if workspace_src else None}
+        "tools": "harness.tools:WORKSPACE_TOOLS", "workspace_src": str(workspace_src) if workspace_src else None,
+        "snapshot_root": str(root / "workspaces")}
     data["train"].update(min_fresh_samples=4, max_steps_per_window=3, batch_size=8)
     return config_from_dict(data, "demo")
 

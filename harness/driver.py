@@ -50,6 +50,21 @@ def prepare_workspace(workload: Workload, root: Path, user: str) -> Path:
     return ws
 
 
+SNAPSHOTS = ".snapshots"  # under the workspace root: each file task's starting files (the gate replays from them)
+
+
+def snapshot_workspace(ws_root: Path, user: str, session: str, round_id: str) -> str:
+    """Copy `user`'s workspace as it is when a file task starts; the copy's path relative to `ws_root`,
+    which the round's check carries as `workspace_before` (evolve/sandbox.py replays the task from it:
+    earlier rounds of the day may have changed the files since the workload's own copy)."""
+    rel = Path(SNAPSHOTS) / session / round_id
+    dst = ws_root / rel
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(ws_root / user, dst, symlinks=True)
+    return rel.as_posix()
+
+
 def score_round(r: Round, reply: str, ws_root: Path, user: str) -> tuple[float, bool, str]:
     spec = {**r.eval_spec(), "workspace": user}
     try:
@@ -81,6 +96,8 @@ async def play_day(client: Any, workload: Workload, day: Day, user: str, ws_root
         history.append({"role": "user", "content": question})
         t0, reply, err = time.time(), "", None
         spec = {**r.eval_spec(), "workspace": user}
+        if r.type == "file_check":
+            spec["workspace_before"] = snapshot_workspace(ws_root, user, session, r.id)
         try:
             for step in range(MAX_TOOL_STEPS + 1):
                 msgs = [system, *history[-(2 * history_rounds + 1 + 2 * step):]]

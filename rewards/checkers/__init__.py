@@ -67,6 +67,12 @@ def spec_type(eval_spec: dict[str, Any]) -> str:
     return kind
 
 
+# Keys of a spec that are about where it runs, not arguments of its checker: `workspace` (the user's
+# folder under the workspace root) and `workspace_before` (a snapshot of it at the task's start, from which
+# the validation gate replays the task with its tools: evolve/sandbox.py).
+SPEC_KEYS = ("type", "workspace", "workspace_before")
+
+
 def evaluate(
     eval_spec: dict[str, Any],
     reply_text: str,
@@ -94,7 +100,7 @@ def evaluate(
         raise UnknownChecker(
             f"checker {name!r} is not enabled; enabled: {', '.join(sorted(allowed)) or 'none'}"
         )
-    args = {k: v for k, v in eval_spec.items() if k not in ("type", "workspace")}
+    args = {k: v for k, v in eval_spec.items() if k not in SPEC_KEYS}
     if workspace is not None and eval_spec.get("workspace") is not None:
         workspace = resolve_inside(Path(workspace), str(eval_spec["workspace"]))
     if name == "file_check":

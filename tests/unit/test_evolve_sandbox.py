@@ -168,3 +168,49 @@ def test_the_tools_a_request_offered_are_recorded_on_its_turn_and_evidence():
                 messages=chat["messages"], tools=["write_file"], eval_spec=SPEC)
     row = evidence_from(turn, Sample.from_turn(turn, 1.0, True), [])
     assert row.tools == ["write_file"]
+
+
+def test_a_task_is_replayed_from_the_files_it_started_with_not_the_workloads_copy(tmp_path, src):
+    """Earlier tasks of the day changed the user's files: the replay starts where the task started (the
+    snapshot its check names under `snapshot_root`), so the agent reads what it read then."""
+    snaps = tmp_path / "workspaces"
+    before = snaps / ".snapshots" / "alice-day01" / "r3"
+    before.mkdir(parents=True)
+    (before / "config.json").write_text('{"debug": false, "retries": 5}')
+    chat = ScriptedChat()
+    box = sandbox(src, snapshot_root=str(snaps))
+    spec = {**SPEC, "workspace_before": ".snapshots/alice-day01/r3"}
+    start = box.start_for(spec)
+    assert start == before.resolve() and box.start_for(SPEC) is None
+    _, files = asyncio.run(box.replay(chat, task("t").messages, ["write_file", "read_file"], 64, start))
+    assert chat.requests[1][0][3]["content"] == '{"debug": false, "retries": 5}'  # what read_file saw
+    assert files == {"config.json": MODIFIED.encode()}
+    # A named snapshot outside the root, or gone, cannot be replayed faithfully: an error, never another copy.
+    for rel in ("../shared", ".snapshots/alice-day01/r9"):
+        with pytest.raises(SandboxError, match="not a folder under snapshot_root"):
+            box.start_for({**SPEC, "workspace_before": rel})
+    assert sandbox(src).start_for(spec) is None  # no snapshot_root configured: the workload's copy
+
+
+def test_the_gate_leaves_out_a_task_whose_snapshot_is_gone(tmp_path, src):
+    chat = ScriptedChat()
+    scorer = Scorer(RewardsConfig(checkers=["file_check"]))
+
+    async def generate(messages, max_tokens):
+        raise AssertionError("not a reply-only task")
+
+    gone = task("a").model_copy(update={"eval_spec": {**SPEC, "workspace_before": ".snapshots/x/r1"}})
+    box = sandbox(src, snapshot_root=str(tmp_path / "workspaces"))
+    v = asyncio.run(Validator(GateConfig(held_back=0), generate, scorer.grade, chat=chat, sandbox=box)
+                    .validate(RULE, None, [gone]))
+    assert v.ungraded == 1 and v.results == 0 and not chat.requests
+
+
+def test_the_snapshot_key_is_not_an_argument_of_the_checker(tmp_path):
+    from rewards.checkers import evaluate
+
+    (tmp_path / "alice").mkdir()
+    (tmp_path / "alice" / "config.json").write_text(MODIFIED)
+    (tmp_path / "alice" / "config.json.bak").write_text(ORIGINAL)
+    res = evaluate({**SPEC, "workspace_before": ".snapshots/alice/r1"}, "done", tmp_path)
+    assert res.score == 1.0

@@ -46,3 +46,16 @@ def test_multi_choice_feedback_names_the_wrong_options(tmp_path: Path):
     assert score == 0.0 and not passed and "reason-a" in fb and "B is right" in fb
     score, passed, fb = score_round(r, "\\bbox{B}", tmp_path, "u")
     assert score == 1.0 and passed and fb == "yes"
+
+
+def test_a_file_task_starts_from_a_snapshot_of_the_users_files_as_they_are_then(tmp_path):
+    from harness.driver import snapshot_workspace
+
+    (tmp_path / "mei" / "day02").mkdir(parents=True)
+    (tmp_path / "mei" / "day02" / "config.json").write_text('{"retries": 5}')
+    rel = snapshot_workspace(tmp_path, "mei", "mei-day02", "r3")
+    assert rel == ".snapshots/mei-day02/r3"
+    (tmp_path / "mei" / "day02" / "config.json").write_text('{"retries": 9}')  # the task changes the file
+    assert (tmp_path / rel / "day02" / "config.json").read_text() == '{"retries": 5}'
+    assert snapshot_workspace(tmp_path, "mei", "mei-day02", "r3") == rel  # a replayed round: taken again
+    assert (tmp_path / rel / "day02" / "config.json").read_text() == '{"retries": 9}'
