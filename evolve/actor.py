@@ -206,6 +206,12 @@ class Evolver:
         self._export()
         return out
 
+    async def collective_impact(self, sessions: list[str], published_from: dict[str, int]) -> dict[str, Any]:
+        """The tasks of `sessions` with a collective run's publishes as served vs undone (evolve/impact.py)."""
+        if self._collective is None:
+            raise RuntimeError("collective evolution is off (evolver.collective.enabled) or not wired")
+        return await self._collective.impact(sessions, published_from)
+
     async def collective_promote(self, name: str, scope: str) -> dict[str, Any]:
         """Widen skill `name`'s scope through the validation gate (`clawray skills promote`)."""
         if self._collective is None:

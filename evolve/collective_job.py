@@ -50,6 +50,8 @@ class JobReport:
     groups: int = 0
     decisions: list[dict[str, Any]] = field(default_factory=list)  # action, skill, published, reason
     published: list[str] = field(default_factory=list)
+    # Each published skill's version before this run (0: created by it): what undoing the run restores.
+    published_from: dict[str, int] = field(default_factory=dict)
     rejected: list[str] = field(default_factory=list)
     generation: int = 0
     cursor: int = 0
@@ -200,6 +202,7 @@ class CollectiveJob:
                                  "published": published, "outcome": outcome, "summary": d.summary})
         if published:
             report.published.append(name)
+            report.published_from.setdefault(name, int(d.base_version or 0) if d.action != "create" else 0)
         elif d.action != "skip":
             report.rejected.append(name)
         log.info("collective job %s: %s %s -> %s", report.job, d.action, name or NO_SKILL, outcome)

@@ -173,6 +173,20 @@ class CollectiveRunner:
         async with self._lock:
             return await job.promote(name, scope)
 
+    async def impact(self, sessions: list[str], published_from: dict[str, int]) -> dict[str, Any]:
+        """The tasks of `sessions` replayed with a collective run's publishes (`published_from`: name -> its
+        version before the run, 0 = created) as served and undone (evolve/impact.py)."""
+        from evolve.impact import measure
+
+        job = self._job()
+        if job.validator is None:
+            raise RuntimeError("measuring the impact replays through the gate's engine and PRM; the gate is off")
+        self.bank.reload()
+        undone = {n: (self.bank.text_at(n, v) if v else None) for n, v in published_from.items()}
+        rows = self.store.of_sessions(sessions)
+        result = await measure(job.validator, rows, self.bank.state_at, undone, self.cfg.gate.max_tasks * 8)
+        return result.as_dict()
+
     def _count(self, report: JobReport) -> None:
         self.counts["runs"] += 1
         self.counts["published"] += len(report.published)

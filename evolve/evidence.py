@@ -209,6 +209,17 @@ class EvidenceStore:
                              (seq, limit)).fetchall()
         return [(int(s), Evidence.model_validate_json(r)) for s, r in rows]
 
+    def of_sessions(self, sessions: Sequence[str], limit: int = 10_000) -> list[Evidence]:
+        """The rows of `sessions`, oldest first, at most `limit`."""
+        ids = list(dict.fromkeys(sessions))
+        if not ids:
+            return []
+        marks = ", ".join("?" * len(ids))
+        with self.db.tx() as c:
+            rows = c.execute(f"SELECT record FROM evidence WHERE session_id IN ({marks}) ORDER BY seq LIMIT ?",
+                             (*ids, limit)).fetchall()
+        return [Evidence.model_validate_json(r) for (r,) in rows]
+
     def last_seq(self) -> int:
         with self.db.tx() as c:
             row = c.execute("SELECT MAX(seq) FROM evidence").fetchone()

@@ -101,10 +101,15 @@ def verdict(results: Sequence[TaskResult], cfg: GateConfig, ungraded: int = 0) -
 
 def with_skill(messages: Sequence[dict[str, Any]], skill: Skill | None) -> list[dict[str, Any]]:
     """`messages` with `skill` injected as the Proxy injects skills (appended to the system message)."""
+    return with_skills(messages, [skill] if skill is not None else [])
+
+
+def with_skills(messages: Sequence[dict[str, Any]], skills: Sequence[Skill]) -> list[dict[str, Any]]:
+    """`messages` with `skills` injected as the Proxy injects them (one block appended to the system message)."""
     out = copy.deepcopy(list(messages))
-    if skill is None:
+    if not skills:
         return out
-    block = render_skills_block([skill])
+    block = render_skills_block(list(skills))
     if out and out[0].get("role") in ("system", "developer"):
         content = out[0].get("content")
         if isinstance(content, list):
@@ -162,7 +167,12 @@ class Validator:
         return TaskResult(e.turn_id, e.session_id, back, a, b)
 
     async def _run(self, e: Evidence, skill: Skill | None) -> float | None:
-        messages = with_skill(e.messages, skill)
+        return await self.replay(e, [skill] if skill is not None else [])
+
+    async def replay(self, e: Evidence, skills: Sequence[Skill]) -> float | None:
+        """Task `e` replayed once with `skills` injected (with its tools where it offered them), graded in
+        [0, 1]; None when nothing could grade it."""
+        messages = with_skills(e.messages, skills)
         if self._with_tools(e):
             try:
                 start = self.sandbox.start_for(e.eval_spec)

@@ -139,6 +139,7 @@ class Demo:
         self.support_ids: set[str] = set()
         self.runs_before_evening, self.evening_at = 0, time.time()  # set again when the users go home
         self.memory_md = "## Memory\n\nNot collected: the run stopped before the end of the last day.\n"
+        self.published_from: dict[str, int] = {}  # the night's collective publishes: name -> version before
         self.by_user: dict[str, dict[str, float | None]] = {}  # user -> day -> mean reward
 
     # ---- observation ------------------------------------------------------------------------------
@@ -326,6 +327,7 @@ class Demo:
                     if i == 1:
                         self.ev.day2_adapters = [t.adapter_version for t in
                                                  self._turns([f"{u}-{day.id}" for u in USERS])]
+                        self.on_off(progress, day.id)
                     self.rows.append(row)
                 self.remember(progress)
             self.print_summary()
@@ -347,8 +349,31 @@ class Demo:
         self.ev.collective_decisions = [f"{d['group']}: {d['action']} -> {d['outcome'][:90]}"
                                         for d in report["decisions"]]
         self.ev.collective_published = list(report["published"])
+        self.published_from = dict(report.get("published_from") or {})
         progress.update(task, description=f"night: {report['groups']} group(s) decided, "
                         f"{len(report['published'])} published", total=1, completed=1)
+
+    def on_off(self, progress: Progress, day_id: str) -> None:
+        """Day 2 with the collective loop on and off, per user: the night's publishes as served vs undone,
+        each day-2 task replayed A/B through the engine and graded (evolve/impact.py). With nothing
+        published, day 2 was served the very library it would have had with the loop off."""
+        first = self.workload.days[0].id
+        rows = {u: {"day01": self.by_user.get(u, {}).get(first), "day02": self.by_user.get(u, {}).get(day_id),
+                    "day02_on": None, "day02_off": None} for u in USERS}
+        if self.published_from:
+            task = progress.add_task("collective on vs off: replaying day 2's tasks A/B", total=None)
+            got = ray.get(self._h(names.EVOLVER).collective_impact.remote(
+                [f"{u}-{day_id}" for u in USERS], self.published_from))
+            for tenant, m in got["by_tenant"].items():
+                user = tenant.split("/", 1)[0]
+                if user in rows:
+                    rows[user].update(day02_on=m["on"], day02_off=m["off"])
+            progress.update(task, description=f"collective on vs off: {len(got['tasks'])} task(s) replayed",
+                            total=1, completed=1)
+        else:
+            for r in rows.values():
+                r.update(day02_on=r["day02"], day02_off=r["day02"])
+        self.ev.collective_on_off = rows
 
     def remember(self, progress: Progress) -> None:
         """What long-term memory kept of each user (stage `memory`), once ingestion caught up with the
@@ -402,10 +427,30 @@ class Demo:
         for user, by_day in self.by_user.items():
             u.add_row(user, *[f"{by_day[d]:.3f}" if by_day.get(d) is not None else "-" for d in days])
         self.console.print(u)
-        self.console.print("(mean reward per user and day, with collective evolution on: its gate decides what is "
-                           "shared)")
         if self.ev.collective_decisions:
             self.console.print("collective job (night 1): " + "; ".join(self.ev.collective_decisions[:8]))
+        self.print_on_off()
+
+    def print_on_off(self) -> None:
+        if not self.ev.collective_on_off:
+            return
+        t = Table(title="collective loop on vs off, per user (mean reward)")
+        for col in ("user", "day 1 (before any collective run)", "day 2 served (loop on)",
+                    "day 2 replayed: on", "day 2 replayed: off"):
+            t.add_column(col)
+
+        def f(x) -> str:
+            return f"{x:.3f}" if x is not None else "-"
+
+        for user, r in self.ev.collective_on_off.items():
+            t.add_row(user, f(r["day01"]), f(r["day02"]), f(r["day02_on"]), f(r["day02_off"]))
+        self.console.print(t)
+        if self.published_from:
+            self.console.print(f"night 1 published {', '.join(self.published_from)}: day 2's tasks replayed through "
+                               "the engine with those skills as served (on) and with the night undone (off)")
+        else:
+            self.console.print("night 1 published nothing (every candidate was rejected by the validation gate): "
+                               "with the loop off day 2 is served the same library, so on = off = served")
 
 
 def run_demo(cfg: ClawrayConfig, workload: Path | None = None, console: Console | None = None, *,

@@ -55,6 +55,9 @@ class Evidence:
     collective_groups: int = 0
     collective_decisions: list[str] = field(default_factory=list)  # "group: action -> outcome"
     collective_published: list[str] = field(default_factory=list)
+    # user -> {"day01", "day02", "day02_on", "day02_off"}: served rewards, and day 2's tasks replayed with the
+    # night's publishes as served vs undone (evolve/impact.py; equal to what was served when none published)
+    collective_on_off: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
