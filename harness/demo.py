@@ -443,7 +443,8 @@ class Demo:
             return f"{x:.3f}" if x is not None else "-"
 
         for user, r in self.ev.collective_on_off.items():
-            t.add_row(user, f(r["day01"]), f(r["day02"]), f(r["day02_on"]), f(r["day02_off"]))
+            replayed = (f(r["day02_on"]), f(r["day02_off"])) if self.published_from else ("= served", "= served")
+            t.add_row(user, f(r["day01"]), f(r["day02"]), *replayed)
         self.console.print(t)
         if self.published_from:
             self.console.print(f"night 1 published {', '.join(self.published_from)}: day 2's tasks replayed through "
