@@ -52,10 +52,12 @@ class Condition:
     skills: bool  # skills injected, and the fast loop distils failures at midday
     train: bool  # an RL window every evening
     groups: bool = False  # the window re-samples GRPO groups first (train/rollouts.py), else batch-normalised
+    opd: bool = False  # the loss also distils a teacher (`--teacher`: a local model with the same tokenizer)
 
 
 CONDITIONS = {"baseline": Condition(False, False), "skills": Condition(True, False), "full": Condition(True, True),
-              "groups": Condition(True, True, groups=True)}
+              "groups": Condition(True, True, groups=True), "opd": Condition(True, True, opd=True)}
+OPD_WEIGHT = 0.5  # `opd`: train.opd_weight (the per-token reverse KL to the teacher in the advantages)
 # `groups`: the evening window re-samples GROUP_SIZE responses for each of the afternoon's fresh prompts
 # through the engine and trains them with group-relative advantages (issue 18 item 3), vs `full`'s batch
 # normalisation over the afternoon's turns as served.
@@ -87,6 +89,8 @@ def bench_config(cfg: ClawrayConfig, condition: str, seed: int, root: Path, work
     # An evening trains whatever the afternoon left fresh: a few turns, some masked (reward exactly 0).
     data["train"].update(seed=seed, min_fresh_samples=1)
     data["train"]["rollouts"]["group_size"] = GROUP_SIZE if cond.groups else 0
+    if cond.opd:  # the teacher's endpoint is set by the run once its server is up (harness/teacher.py)
+        data["train"]["opd_weight"] = OPD_WEIGHT
     if model is not None:  # e.g. `tiny-instruct` (scripts/make_instruct_model.py)
         data["model"]["path"] = model
     return config_from_dict(data, f"bench-{condition}")
@@ -165,22 +169,34 @@ class Run:
                 "window": None if trained is None else {k: trained.get(k) for k in
                                                        ("steps", "trained", "stop_reason", "error", "rollouts")}}
 
-    def run(self) -> dict[str, Any]:
+    def run(self, teacher: str | None = None) -> dict[str, Any]:
+        from contextlib import nullcontext
+
         from cluster.system import start_system, stop_system
+        from harness.teacher import free_port, serve_teacher
 
         t0 = time.time()
-        try:
-            system = start_system(self.cfg)
-            self.handles = system.handles
-            days = [self.day(system.base_url, i, d) for i, d in enumerate(self.workload.days)]
-        finally:
-            stop_system(self.cfg)
+        if self.cond.opd and not teacher:
+            raise ValueError("the opd condition needs --teacher MODEL (a local model with the policy's tokenizer)")
+        path = self.cfg.model.model_copy(update={"path": teacher}).resolved_path(self.cfg.cache_path()) \
+            if teacher else None
+        served = (serve_teacher(path, free_port(), max_model_len=self.cfg.model.max_model_len,
+                                log=self.root.parent / "teacher.log") if self.cond.opd else nullcontext())
+        with served as endpoint:
+            if endpoint is not None:
+                self.cfg.rewards.teacher = endpoint
+            try:
+                system = start_system(self.cfg)
+                self.handles = system.handles
+                days = [self.day(system.base_url, i, d) for i, d in enumerate(self.workload.days)]
+            finally:
+                stop_system(self.cfg)
         return {"condition": self.condition, "seed": self.seed, "days": days, "seconds": time.time() - t0,
                 "adapters": self.adapters}
 
 
 def run_one(cfg: ClawrayConfig, workload_dir: Path, condition: str, seed: int, out: Path,
-            rounds: int | None = None, model: str | None = None) -> dict[str, Any]:
+            rounds: int | None = None, model: str | None = None, teacher: str | None = None) -> dict[str, Any]:
     from cluster.runtime import runtime_env_vars
     from harness.workload import load_workload
 
@@ -192,15 +208,16 @@ def run_one(cfg: ClawrayConfig, workload_dir: Path, condition: str, seed: int, o
     cfg = bench_config(cfg, condition, seed, root / "state", workload.workspace_src, model)
     for k, v in runtime_env_vars(cfg).items():
         os.environ.setdefault(k, v)
-    result = Run(cfg, condition, seed, workload).run()
-    result["workload"], result["model"] = workload.name, cfg.model.path
+    result = Run(cfg, condition, seed, workload).run(teacher)
+    result["workload"], result["model"], result["teacher"] = workload.name, cfg.model.path, teacher
     (out / f"{condition}-s{seed}.json").write_text(json.dumps(result, indent=2))
     return result
 
 
 # ------------------------------------------------------------------------------------ the bench (parent)
 def run_bench(workload_dir: Path, conditions: list[str], seeds: int, out: Path, *, config: Path | None = None,
-              rounds: int | None = None, model: str | None = None, console=None, seed0: int = 0) -> dict[str, Any]:
+              rounds: int | None = None, model: str | None = None, console=None, seed0: int = 0,
+              teacher: str | None = None) -> dict[str, Any]:
     """Every (condition, seed) in a child process of its own, then the summary, the ordering check, the
     PNG and `bench.json` under `out`. A run that fails is reported with its log and stops the bench."""
     from rich.console import Console
@@ -209,6 +226,8 @@ def run_bench(workload_dir: Path, conditions: list[str], seeds: int, out: Path, 
     from harness import bench_stats
     from harness.workload import load_workload
 
+    if "opd" in conditions and not teacher:
+        raise ValueError("the opd condition needs --teacher MODEL (a local model with the policy's tokenizer)")
     console = console or Console()
     workload = load_workload(workload_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -226,6 +245,7 @@ def run_bench(workload_dir: Path, conditions: list[str], seeds: int, out: Path, 
             argv += ["--config", str(config)] if config else []
             argv += ["--rounds", str(rounds)] if rounds is not None else []
             argv += ["--model", model] if model is not None else []
+            argv += ["--teacher", teacher] if teacher is not None else []
             with log.open("w") as f:
                 rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
                                     timeout=RUN_TIMEOUT_S).returncode
@@ -236,6 +256,7 @@ def run_bench(workload_dir: Path, conditions: list[str], seeds: int, out: Path, 
             progress.advance(task)
     summary = bench_stats.summarize(runs)
     result = {"workload": workload.name, "workload_dir": str(workload_dir), "model": runs[0].get("model"),
+              "teacher": teacher,
               "conditions": conditions,
               "seeds": list(range(seed0, seed0 + seeds)), "rounds_per_day": rounds, "skipped": skipped,
               "summary": summary, "ordering": bench_stats.ordering(summary), "runs": runs, "time": time.time()}
@@ -278,11 +299,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", type=Path, default=None)
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--model", default=None)
+    p.add_argument("--teacher", default=None)
     a = p.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "token")  # before Ray is imported, as `clawray` runs it
     from core.config import load_config
 
-    run_one(load_config(a.config), a.workload, a.run, a.seed, a.out, a.rounds, a.model)
+    run_one(load_config(a.config), a.workload, a.run, a.seed, a.out, a.rounds, a.model, a.teacher)
     return 0
 
 

@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Any
 
 CONFIDENCE = 0.95
-ORDER = ("baseline", "skills", "full", "groups")  # `groups` vs `full`: re-sampled groups vs batch norm
+ORDER = ("baseline", "skills", "full", "groups", "opd")
+# The claims checked: MetaClaw's chain baseline < skills < full over the conditions that ran, and each addition
+# to `full` against it: re-sampled GRPO groups (vs batch normalisation), on-policy distillation.
+CHAIN = ("baseline", "skills", "full")
+ADDITIONS = ("groups", "opd")
+
+
+def claims(present) -> list[tuple[str, str]]:
+    chain = [c for c in CHAIN if c in present]
+    return list(zip(chain, chain[1:], strict=False)) + [("full", c) for c in ADDITIONS if c in present and "full" in present]
 
 
 def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float | None]:
@@ -66,13 +75,12 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def ordering(summary: dict[str, Any], key: str = "accuracy") -> list[dict[str, Any]]:
-    """For each consecutive pair of ORDER present (baseline < skills, skills < full, full < groups): the gap of the
-    overall means and whether it is larger than its confidence interval. The interval of a difference
+    """For each claim among the conditions present (`claims`: baseline < skills < full, full < groups,
+    full < opd): the gap of the overall means and whether it is larger than its confidence interval. The interval of a difference
     of two independent means is taken conservatively as the sum of the two half-widths (the intervals do
     not overlap); with one seed there is no interval and `holds` is None."""
-    present = [c for c in ORDER if c in summary]
     out = []
-    for lo, hi in zip(present, present[1:], strict=False):
+    for lo, hi in claims(summary):
         a, b = summary[lo]["overall"], summary[hi]["overall"]
         gap = b[key] - a[key]
         ci = None if a[f"{key}_ci"] is None or b[f"{key}_ci"] is None else a[f"{key}_ci"] + b[f"{key}_ci"]

@@ -35,12 +35,16 @@ def demo(config: control.ConfigOpt = None,
 @app.command()
 def bench(workload: Annotated[Path | None, typer.Argument(help="a MetaClaw-Bench-format folder "
                                                              "(default: workloads/clawray-mini)")] = None,
-          conditions: Annotated[str, typer.Option(help="comma-separated: baseline, skills, full")] = "baseline,skills,full",
+          conditions: Annotated[str, typer.Option(help="comma-separated: baseline, skills, full, groups "
+                                                       "(re-sampled GRPO groups), opd (needs --teacher)")]
+          = "baseline,skills,full",
           seeds: Annotated[int, typer.Option(min=1, help="seeds per condition (0 .. N-1)")] = 3,
           rounds: Annotated[int | None, typer.Option(min=1, help="play only the first N rounds of each day")] = None,
           out: Annotated[Path | None, typer.Option(help="results folder (default state/bench/<workload>)")] = None,
           model: Annotated[str | None, typer.Option(help="model.path for every run, e.g. tiny-instruct "
                                                          "(make instruct-model)")] = None,
+          teacher: Annotated[str | None, typer.Option(help="the opd condition's teacher: a local model with the "
+                                                           "policy's tokenizer, e.g. tiny-instruct")] = None,
           config: control.ConfigOpt = None) -> None:
     """Replay a workload day by day per condition and seed, each on a fresh system; accuracy and completion
     per day and overall with 95% CIs, the ordering check, bench.json and bench.png (harness/bench.py)."""
@@ -51,12 +55,16 @@ def bench(workload: Annotated[Path | None, typer.Argument(help="a MetaClaw-Bench
         conds = parse_conditions(conditions)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--conditions") from e
+    if "opd" in conds and not teacher:
+        raise typer.BadParameter("the opd condition distils a teacher: name it with --teacher MODEL",
+                                 param_hint="--teacher")
     workload = (workload or DEFAULT_WORKLOAD).resolve()
     if not (workload / "all_tests.json").is_file():
         raise typer.BadParameter(f"{workload} has no all_tests.json (not a MetaClaw-Bench-format folder)",
                                  param_hint="WORKLOAD")
     out = (out or Path("state") / "bench" / workload.name).resolve()
-    run_bench(workload, conds, seeds, out, config=config, rounds=rounds, model=model, console=control.console)
+    run_bench(workload, conds, seeds, out, config=config, rounds=rounds, model=model, console=control.console,
+              teacher=teacher)
 
 
 def main() -> None:

@@ -94,11 +94,20 @@ def _corpus(max_bytes: int = 3_000_000) -> list[str]:
 
 
 def build_tokenizer(out: Path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
+    # The model is a Qwen2, so transformers' AutoTokenizer -- and vLLM, which loads it -- rebuild this
+    # tokenizer as a Qwen2Tokenizer from its vocab and merges, with Qwen2's own normaliser and
+    # pre-tokenisation (NFC, then Qwen2's split pattern, then byte-level). Trained with anything else (the
+    # plain GPT-2 byte-level split it once had), the engine's token ids differ from `tokenizer.json`'s, and
+    # whatever reads that file (the PRM's token counter, an OPD teacher check) disagrees with the engine.
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB,

@@ -86,3 +86,20 @@ def test_a_bench_may_run_the_instruction_following_model(tmp_path: Path):
     cfg = bench_config(load_config(None), "full", 0, tmp_path, None, model="tiny-instruct")
     assert cfg.model_path() == str(cfg.cache_path() / "tiny-instruct")
     assert bench_config(load_config(None), "full", 0, tmp_path, None).model_path().endswith("tiny-chat")
+
+
+def test_additions_to_full_are_each_compared_with_full():
+    summary = bs.summarize([run(c, s, [0.1 * (i + 1)] * 2) for i, c in enumerate(bs.ORDER) for s in range(2)])
+    got = [(o["lower"], o["higher"]) for o in bs.ordering(summary)]
+    assert got == [("baseline", "skills"), ("skills", "full"), ("full", "groups"), ("full", "opd")]
+
+
+def test_the_opd_condition_needs_a_teacher_and_sets_the_weight(tmp_path: Path):
+    from core.config import load_config
+    from harness.bench import OPD_WEIGHT, run_bench
+
+    cfg = bench_config(load_config(None), "opd", 0, tmp_path, None)
+    assert cfg.train.opd_weight == OPD_WEIGHT and not cfg.train.rollouts.enabled
+    assert bench_config(load_config(None), "full", 0, tmp_path, None).train.opd_weight == 0.0
+    with pytest.raises(ValueError, match="--teacher"):
+        run_bench(tmp_path, ["full", "opd"], 1, tmp_path / "out")
