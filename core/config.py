@@ -186,9 +186,12 @@ class ProxyConfig(Section):
     # on the head (one address; also what several Ray nodes on one machine need: one port per host).
     ingress: Literal["every_node", "head_only"] = "every_node"
     context: ContextConfig = Field(default_factory=ContextConfig)  # long sessions: fitted, not refused
-    # A request without X-Turn-Type whose last user message contains one of these is a side turn (served,
-    # never trained on): agents' own auxiliary requests (serve/turns.py AGENT_SIDE_MARKERS; docs/agents.md).
+    # Agents' own auxiliary requests (titles, summaries, suggestions, ...) without X-Turn-Type are side turns
+    # (served, never trained on) by a phrase of their prompt that starts a system text or a line of the last
+    # user message, or by the model they name (serve/side.py; docs/agents.md "Side requests").
     side_markers: list[str] | None = None  # None: the built-in markers, seen in real agents' traffic
+    extra_side_markers: list[str] = Field(default_factory=list)  # added to side_markers (or the built-ins)
+    side_models: list[str] = Field(default_factory=list)  # model ids whose requests are side requests
 
 
 class SkillsConfig(Section):

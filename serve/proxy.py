@@ -52,7 +52,8 @@ from serve.outbox import ActorPoolSink, Dispatcher, JsonlTurnSink
 from serve.protocol import EngineRequestError, Reply
 from serve.recorder import GroupCommit
 from serve.sessions import DB_FILE, SessionStore
-from serve.turns import AGENT_SIDE_MARKERS, RequestError, TurnMeta, extract_meta, turns_from_reply
+from serve.side import SideRules
+from serve.turns import RequestError, TurnMeta, extract_meta, turns_from_reply
 from serve.validate import check_messages
 
 log = logging.getLogger("clawray.proxy")
@@ -77,7 +78,7 @@ class ProxyImpl:
                  context: dict | None = None):
         self.engine = engine
         self.cfg = ProxyConfig.model_validate(proxy)
-        self.side_markers = AGENT_SIDE_MARKERS if self.cfg.side_markers is None else tuple(self.cfg.side_markers)
+        self.side_rules = SideRules.build(self.cfg.side_markers, self.cfg.extra_side_markers, self.cfg.side_models)
         # Long sessions (serve/context_manager.py); `context`: cluster/serve_app.py `context_args`.
         self.context = ContextManager.from_args(self.cfg.context, context)  # None: the limit is unknown
         layout = StorageLayout(Path(storage_root)).ensure()
@@ -135,7 +136,7 @@ class ProxyImpl:
     async def _prepare(self, body: dict[str, Any], request: Request, api: Api) -> tuple[TurnMeta, list, int]:
         view = api.view(body)  # what identity and injection read: the body, or Responses' chat view
         meta = extract_meta(body, {k.lower(): v for k, v in request.headers.items()},
-                            client_fingerprint(request), view.get("messages"), self.side_markers)
+                            client_fingerprint(request), view.get("messages"), self.side_rules)
         main = meta.turn_type.value == "main"
         room = None  # tokens skills and memory may take (None: the context length is unknown)
         if self.context is not None:  # a conversation longer than the context is fitted, before injection

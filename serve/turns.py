@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +13,7 @@ from core.contracts import Turn, TurnType, tool_names
 from memory.units import SCOPE_CAPS
 from serve.history import params_key
 from serve.protocol import Reply
+from serve.side import DEFAULT_RULES, SideRules, side_reason
 
 # Body fields clawray reads and strips before generation (the same as the X-* headers).
 CLAWRAY_FIELDS = ("session_id", "turn_type", "session_done", "user_id", "workspace_id", "memory_scope",
@@ -121,29 +121,12 @@ def derive_session_id(tenant: str, client_key: str, messages: list[dict[str, Any
     return f"derived-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]}"
 
 
-# Auxiliary requests real agents send besides their main loop, by a phrase of their own prompt, each seen
-# in the agent's live traffic through clawray (tests/integration/test_agents_live.py). Their turns are
-# side turns: served (skills are not injected), never trained on, not the conversation's next state.
-AGENT_SIDE_MARKERS: tuple[str, ...] = (
-    # Claude Code's conversation compaction (`/compact`, and automatic compaction near the context limit).
-    "Your task is to create a detailed summary of the conversation so far",
-)
-
-
-def side_marker(messages: list[dict[str, Any]], markers: Sequence[str] = AGENT_SIDE_MARKERS) -> str | None:
-    """The marker the last user message contains, if any: the request is an agent's side request."""
-    last = next((m for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), None)
-    text = _text(last.get("content")) if last is not None else ""
-    return next((k for k in markers if k and k in text), None)
-
-
 def extract_meta(body: dict[str, Any], headers: dict[str, str], client_key: str,
-                 messages: list[dict[str, Any]] | None = None,
-                 side_markers: Sequence[str] = AGENT_SIDE_MARKERS) -> TurnMeta:
+                 messages: list[dict[str, Any]] | None = None, side: SideRules = DEFAULT_RULES) -> TurnMeta:
     """Read clawray's fields from headers (preferred) or body, strip them from `body` in place.
     `messages`: the conversation a derived session id is taken from (default: `body["messages"]`; the
     Responses route passes its input as chat messages, serve/responses.py). Without X-Turn-Type, a request
-    whose last user message holds one of `side_markers` is a side turn."""
+    that `side` recognises as an agent's auxiliary request is a side turn (serve/side.py)."""
     vals = {k: body.pop(k, None) for k in CLAWRAY_FIELDS}
     for field, header in HEADER_FIELDS.items():
         if header in headers:
@@ -153,7 +136,7 @@ def extract_meta(body: dict[str, Any], headers: dict[str, str], client_key: str,
     turn_type = str(vals["turn_type"] or "main").lower()
     if turn_type not in ("main", "side"):
         raise RequestError("X-Turn-Type must be 'main' or 'side'")
-    if vals["turn_type"] is None and side_marker(messages, side_markers) is not None:
+    if vals["turn_type"] is None and side_reason(body, messages, side) is not None:
         turn_type = "side"
     eval_spec = vals["clawray_eval"]
     if eval_spec is not None and not isinstance(eval_spec, dict):

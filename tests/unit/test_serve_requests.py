@@ -246,18 +246,19 @@ def test_a_text_part_whose_text_is_not_a_string_is_no_text_for_injection_and_ide
 
 
 def test_an_agents_side_request_is_a_side_turn_unless_the_client_says_otherwise():
-    from serve.turns import AGENT_SIDE_MARKERS, extract_meta, side_marker
+    # The agents' recorded side requests, and where a marker does not count: tests/unit/test_serve_side.py.
+    from serve.side import AGENT_SIDE_MARKERS, SideRules
+    from serve.turns import extract_meta
 
     compact = [{"role": "user", "content": [{"type": "text", "text": "Earlier: ..."},
                                             {"type": "text", "text": f"Rules.\n\n{AGENT_SIDE_MARKERS[0]}, paying ..."}]},
                {"role": "system", "content": "# Environment"}]  # Claude Code puts a system message last
-    assert side_marker(compact) == AGENT_SIDE_MARKERS[0]
     assert extract_meta({"messages": compact}, {}, "c").turn_type.value == "side"
     assert extract_meta({"messages": compact}, {"x-turn-type": "main"}, "c").turn_type.value == "main"
     # Only the last user message counts: a user quoting the phrase earlier in the conversation is main.
     quoted = [*compact, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go on"}]
-    assert side_marker(quoted) is None and extract_meta({"messages": quoted}, {}, "c").turn_type.value == "main"
+    assert extract_meta({"messages": quoted}, {}, "c").turn_type.value == "main"
     # The operator's own markers replace the built-in ones (proxy.side_markers).
     title = [{"role": "user", "content": "Generate a title for this chat: ..."}]
-    assert extract_meta({"messages": title}, {}, "c", side_markers=("Generate a title",)).turn_type.value == "side"
-    assert extract_meta({"messages": compact}, {}, "c", side_markers=()).turn_type.value == "main"
+    assert extract_meta({"messages": title}, {}, "c", side=SideRules.build(["Generate a title"])).turn_type.value == "side"
+    assert extract_meta({"messages": compact}, {}, "c", side=SideRules.build([])).turn_type.value == "main"
