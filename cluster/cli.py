@@ -74,13 +74,14 @@ def start(config: ConfigOpt = None) -> None:
     """Start (or join) Ray, deploy the Serve app and every actor, wait until healthy."""
     from cluster.head import start_head
     from cluster.runtime import runtime_env_vars
+    from cluster.serve_app import ingress_env
     from cluster.system import start_system
 
     cfg = _cfg(config)
     with console.status("starting clawray…") as status:
         if cfg.ray.address is None:
             status.update("starting a local Ray head")
-            info = start_head(cfg, runtime_env_vars(cfg))
+            info = start_head(cfg, {**runtime_env_vars(cfg), **ingress_env(cfg)})
             cfg = cfg.model_copy(update={"ray": cfg.ray.model_copy(update={"address": f"127.0.0.1:{info['port']}"})})
         system = start_system(cfg, detached=True, progress=lambda m: status.update(m))
     console.print(f"[green]clawray is up[/] (mode {cfg.scheduler.mode}): {system.base_url}/v1")

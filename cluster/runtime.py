@@ -40,7 +40,12 @@ def start_ray(cfg: ClawrayConfig):
     """Join `ray.address` or start a local cluster; this driver's namespace is `ray.namespace`."""
     import ray
 
-    for k, v in runtime_env_vars(cfg).items():
+    from cluster.serve_app import ingress_env
+
+    env = runtime_env_vars(cfg)
+    if not ray.is_initialized() and cfg.ray.address is None:
+        env.update(ingress_env(cfg))  # the cluster we start: Serve reads its ingress settings at start
+    for k, v in env.items():
         os.environ.setdefault(k, v)  # inherited by local workers; RAY_TRAIN_V2 must precede imports
     if not ray.is_initialized():
         ray.init(

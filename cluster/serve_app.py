@@ -20,6 +20,7 @@ and `PolicyEngine`; every replica gets `ray.namespace`, where the actors it talk
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from core import names
@@ -37,6 +38,52 @@ def engine_env(cfg: ClawrayConfig) -> dict[str, str]:
     return env
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def haproxy_env(private: Path) -> dict[str, str]:
+    """Env vars for Serve's HAProxy ingress (`proxy.http_ingress: haproxy`), set before Ray starts (Serve
+    reads them when it is imported). HAProxy's config, admin socket and state go into `private` (made
+    0700: Ray's default folder /tmp/haproxy-serve is shared by every user of the host, and the admin
+    socket there is mode 666 at level admin); its stats and metrics ports and the replicas' port ranges
+    are free ones, so two clusters on one host do not collide."""
+    import random
+
+    private.mkdir(parents=True, exist_ok=True)
+    private.chmod(0o700)
+    base = random.randrange(20000, 60000, 200)  # replica ports: [base, base+99] HTTP, then gRPC
+    return {
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(private / "haproxy.cfg"),
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": str(private / "admin.sock"),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(private),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(private / "server-state"),
+        "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(private / "metrics.sock"),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(base),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(base + 99),
+        "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(base + 100),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(base + 199),
+    }
+
+
+def ingress_env(cfg: ClawrayConfig) -> dict[str, str]:
+    """What the cluster's processes need in their env for `proxy.http_ingress` (before Ray starts: the
+    head's or the local cluster's; Serve reads it when its controller and proxies start). `haproxy` gets
+    a private folder of its own under the temp dir (short: HAProxy's unix sockets live in it)."""
+    if cfg.proxy.http_ingress != "haproxy":
+        return {}
+    import tempfile
+
+    return haproxy_env(Path(tempfile.mkdtemp(prefix="clawray-haproxy-")))
+
+
 def check_serving_config(cfg: ClawrayConfig, env: dict[str, str] | None = None) -> None:
     """Refuse configs that would be unsafe or cannot work, before anything starts."""
     env = dict(os.environ) if env is None else env
@@ -46,7 +93,8 @@ def check_serving_config(cfg: ClawrayConfig, env: dict[str, str] | None = None) 
             f"proxy.host is {cfg.proxy.host!r} (not loopback): set an API key in the env var named "
             f"by proxy.api_key_env ({cfg.proxy.api_key_env!r}) or bind to 127.0.0.1"
         )
-    if env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" and keyless:
+    haproxy = env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" or cfg.proxy.http_ingress == "haproxy"
+    if haproxy and keyless:
         # HAProxy mode makes every Serve replica listen on all interfaces, whatever proxy.host says.
         raise ConfigError(
             "RAY_SERVE_ENABLE_HA_PROXY=1 binds Serve replicas on all interfaces: set an API key in the env "

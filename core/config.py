@@ -58,6 +58,14 @@ class LLMEndpoint(Section):
         return os.environ.get(self.api_key_env) if self.api_key_env else None
 
 
+class UpstreamEndpoint(LLMEndpoint):
+    """`engine.upstream`: the model that serves the clients (upstream mode). Its connections are capped
+    by what the engine takes at once (a judge's 8 would queue the users' requests behind each other);
+    set `max_concurrency` lower to stay within a provider's rate limit."""
+
+    max_concurrency: int = Field(default=256, ge=1)
+
+
 class ModelConfig(Section):
     path: str = "tiny"  # "tiny" = the locally built tiny model; else a local folder or a hub id
     served_name: str = "clawray-base"  # the base model's id in /v1/models
@@ -107,7 +115,15 @@ class EngineConfig(Section):
     # would grant everything the context leaves), is lowered to it; the turn records what was granted.
     # None: no cap beyond the context.
     max_output_tokens: int | None = Field(default=None, ge=1)
-    upstream: LLMEndpoint | None = None  # required when backend == "upstream"
+    upstream: UpstreamEndpoint | None = None  # required when backend == "upstream"
+
+    @field_validator("upstream", mode="before")
+    @classmethod
+    def _as_upstream(cls, v: Any) -> Any:
+        # A plain LLMEndpoint given in code: its own settings, the upstream's defaults for the rest.
+        if isinstance(v, LLMEndpoint) and not isinstance(v, UpstreamEndpoint):
+            return v.model_dump(exclude_unset=True)
+        return v
 
     @field_validator("resources")
     @classmethod
@@ -185,6 +201,11 @@ class ProxyConfig(Section):
     # Where Serve runs its HTTP ingress: on every node with a replica (a load balancer in front), or only
     # on the head (one address; also what several Ray nodes on one machine need: one port per host).
     ingress: Literal["every_node", "head_only"] = "every_node"
+    # What takes HTTP in front of the replicas: Serve's own HTTP proxy (a Python actor: ~4-6 ms of CPU per
+    # request on 2 cores), or Ray Serve's HAProxy ingress (`haproxy`: RAY_SERVE_ENABLE_HA_PROXY, set by
+    # clawray before Ray starts), several times faster. HAProxy opens a stats page and a metrics port on
+    # all interfaces without authentication (Ray 2.60), so it is opt-in: docs/serving.md "Ingress".
+    http_ingress: Literal["serve", "haproxy"] = "serve"
     context: ContextConfig = Field(default_factory=ContextConfig)  # long sessions: fitted, not refused
     # Agents' own auxiliary requests (titles, summaries, suggestions, ...) without X-Turn-Type are side turns
     # (served, never trained on) by a phrase of their prompt that starts a system text or a line of the last

@@ -21,7 +21,7 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-import httpx
+import aiohttp
 from ray import serve
 
 from core import names
@@ -59,15 +59,28 @@ class UpstreamEngineImpl:
         self.ep = self.engine_cfg.upstream
         key = self.ep.api_key()
         self._secrets = [key] if key else []
-        self.http = httpx.AsyncClient(
-            base_url=self.ep.base_url.rstrip("/") + "/",
-            headers={"Authorization": f"Bearer {key}"} if key else {},
-            timeout=httpx.Timeout(self.ep.timeout_s),
-            limits=httpx.Limits(max_connections=self.ep.max_concurrency,
-                                max_keepalive_connections=self.ep.max_concurrency),
-        )
+        self._url = self.ep.base_url.rstrip("/") + "/chat/completions"
+        self._headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+        # httpx.Timeout(t) semantics: waiting for a pooled connection + connecting, and each read, <= t.
+        t = self.ep.timeout_s
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=t, sock_connect=t, sock_read=t)
+        self._session: aiohttp.ClientSession | None = None
+        self._session_loop: asyncio.AbstractEventLoop | None = None
         self.caps = Caps()
         self.metrics: EngineMetrics | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        """The connection pool, made on first use: an aiohttp session belongs to its event loop (the
+        replica's; a test's `asyncio.run` gets its own). aiohttp, not httpx: its client costs a fraction of
+        httpx's CPU per request (benchmarks/whole_path.py), which on a few cores is the proxy's throughput.
+        `max_concurrency` caps the connections (a provider's rate limit); requests beyond it wait."""
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session_loop is not loop or self._session.closed:
+            self._session_loop = loop
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.ep.max_concurrency, limit_per_host=0),
+                timeout=self._timeout, headers=self._headers)
+        return self._session
 
     # ---- the Engine protocol ----------------------------------------------------------------------
 
@@ -90,7 +103,7 @@ class UpstreamEngineImpl:
                     chunk, raw = data
                     yield f"data: {json.dumps(chunk) if strip_chunk(chunk, asked) else raw}\n\n"
             finally:
-                await resp.aclose()
+                resp.release()
         yield "data: [DONE]\n\n"
         yield Reply({}, acc.capture(), body["messages"])
 
@@ -124,7 +137,7 @@ class UpstreamEngineImpl:
                 async for event in anthropic_events(openai_sse()):
                     yield event
             finally:
-                await resp.aclose()
+                resp.release()
         yield Reply({}, acc.capture(), messages)
 
     @contextlib.contextmanager
@@ -182,41 +195,51 @@ class UpstreamEngineImpl:
     async def _json(self, payload: dict[str, Any], asked: Asked) -> dict[str, Any]:
         resp = await self._send(payload, asked)
         try:
-            data = json.loads(await resp.aread())
+            raw = await resp.read()
+        except TimeoutError:
+            raise EngineRequestError(504, "the upstream model did not answer in time", "upstream_error") from None
+        except aiohttp.ClientError as e:
+            log.warning("upstream reply broke off: %s", type(e).__name__)
+            raise EngineRequestError(502, "the upstream reply broke off", "upstream_error") from None
+        finally:
+            resp.release()
+        try:
+            data = json.loads(raw)
         except ValueError:
             raise EngineRequestError(502, "the upstream sent a reply that is not JSON", "upstream_error") from None
-        finally:
-            await resp.aclose()
         if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
             raise EngineRequestError(502, "the upstream sent a reply without choices", "upstream_error")
         return data
 
-    async def _send(self, payload: dict[str, Any], asked: Asked) -> httpx.Response:
-        """POST chat/completions; returns the open 200 response (caller closes it) or raises a mapped
+    async def _send(self, payload: dict[str, Any], asked: Asked) -> aiohttp.ClientResponse:
+        """POST chat/completions; returns the open 200 response (caller releases it) or raises a mapped
         `EngineRequestError`. Retries transport errors and 429/5xx with backoff, and once per optional
         capture field the upstream refuses."""
         attempt = 0
         while True:
             try:
-                req = self.http.build_request("POST", "chat/completions", json=payload)
-                resp = await self.http.send(req, stream=True)
-            except httpx.TimeoutException:
+                resp = await self._http().post(self._url, data=json.dumps(payload).encode())
+            except TimeoutError:  # aiohttp's timeouts are TimeoutErrors (and some also ClientErrors)
                 err = EngineRequestError(504, "the upstream model did not answer in time", "upstream_error")
-            except httpx.HTTPError as e:
+            except aiohttp.ClientError as e:
                 log.warning("upstream unreachable: %s", type(e).__name__)
                 err = EngineRequestError(502, "the upstream model is unreachable", "upstream_error")
             else:
-                if resp.status_code == 200:
+                if resp.status == 200:
                     return resp
-                text = (await resp.aread()).decode("utf-8", "replace")
-                await resp.aclose()
+                try:
+                    text = (await resp.read()).decode("utf-8", "replace")
+                except (TimeoutError, aiohttp.ClientError):
+                    text = ""
+                finally:
+                    resp.release()
                 message = error_message(text, self._secrets)
-                if resp.status_code == 400 and self.caps.refused(message, asked):
+                if resp.status == 400 and self.caps.refused(message, asked):
                     log.info("upstream refuses a capture field; continuing without it (%s)", self.caps)
                     payload = _without_refused(payload, self.caps, asked)
                     continue
-                err = self._mapped(resp.status_code, message)
-                if resp.status_code not in RETRY_STATUSES:
+                err = self._mapped(resp.status, message)
+                if resp.status not in RETRY_STATUSES:
                     raise err
             if attempt >= self.ep.max_retries:
                 raise err
@@ -235,10 +258,10 @@ class UpstreamEngineImpl:
             return EngineRequestError(429, "the upstream model is rate limiting; retry later", "rate_limit_error")
         return EngineRequestError(502, f"the upstream model failed (HTTP {status})", "upstream_error")
 
-    async def _chunks(self, resp: httpx.Response, acc: StreamCapture):
+    async def _chunks(self, resp: aiohttp.ClientResponse, acc: StreamCapture):
         """Parsed stream chunks `(chunk, raw)`, folded into `acc`; None at the upstream's [DONE]."""
         try:
-            async for raw in sse_data(resp.aiter_lines()):
+            async for raw in sse_data(_lines(resp.content)):
                 if raw.strip() == "[DONE]":
                     yield None
                     return
@@ -248,12 +271,27 @@ class UpstreamEngineImpl:
                     raise EngineRequestError(502, "the upstream sent an invalid stream", "upstream_error") from None
                 acc.feed(chunk)
                 yield chunk, raw
-        except httpx.TimeoutException:
+        except TimeoutError:
             raise EngineRequestError(504, "the upstream model stopped answering mid-stream",
                                      "upstream_error") from None
-        except httpx.HTTPError as e:
+        except aiohttp.ClientError as e:
             log.warning("upstream stream broke: %s", type(e).__name__)
             raise EngineRequestError(502, "the upstream stream broke off", "upstream_error") from None
+
+
+async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[str]:
+    """The lines of a response body, without their breaks, however long: aiohttp's own line reader
+    refuses lines over its buffer size, and a vLLM stream's first chunk carries every prompt token id."""
+    parts: list[bytes] = []
+    async for chunk in content.iter_any():
+        while (i := chunk.find(b"\n")) >= 0:
+            parts.append(chunk[:i])
+            yield b"".join(parts).rstrip(b"\r").decode("utf-8", "replace")
+            parts, chunk = [], chunk[i + 1:]
+        if chunk:
+            parts.append(chunk)
+    if parts:
+        yield b"".join(parts).rstrip(b"\r").decode("utf-8", "replace")
 
 
 def _no_responses() -> EngineRequestError:

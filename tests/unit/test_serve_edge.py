@@ -143,3 +143,29 @@ def test_the_app_builder_never_builds_the_tiny_model(tmp_path):
     assert not (tmp_path / "tiny-chat").exists()
     src = "\n".join(p.read_text() for p in (REPO / "cluster").glob("*.py"))
     assert "from scripts" not in src and "import scripts" not in src  # cluster/ imports nothing above it
+
+
+def test_the_haproxy_ingress_key_keeps_haproxys_files_private_and_its_ports_free():
+    import os
+    import socket
+    import stat
+    from pathlib import Path
+
+    from cluster.serve_app import ingress_env
+
+    assert ingress_env(_cfg()) == {}  # Serve's own HTTP proxy: nothing to set
+    env = ingress_env(_cfg(PROXY__HTTP_INGRESS="haproxy"))
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    private = Path(env["RAY_SERVE_HAPROXY_SOCKET_PATH"]).parent
+    try:
+        # Ray's default folder is /tmp/haproxy-serve, shared by every user, with an admin socket of mode 666.
+        assert stat.S_IMODE(private.stat().st_mode) == 0o700 and private != Path("/tmp/haproxy-serve")
+        for name in ("CONFIG_FILE_LOC", "SERVER_STATE_FILE", "METRICS_SOCKET_PATH"):
+            assert Path(env[f"RAY_SERVE_HAPROXY_{name}"]).parent == private
+        # HAProxy puts its sockets under <folder>/<node id (56 hex)>/: unix socket paths must stay < 108 bytes.
+        assert len(env["RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH"]) + 57 < 108
+        for name in ("STATS_PORT", "METRICS_PORT"):  # Ray's fixed 8404/9101 collide with other clusters
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", int(env[f"RAY_SERVE_HAPROXY_{name}"])))
+    finally:
+        os.rmdir(private)
