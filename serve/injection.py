@@ -21,25 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from core.config import SkillsConfig
+from core.text import content_text
 
 log = logging.getLogger("clawray.injection")
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        # Read before the engine validates the request: a part whose text is not a string is no text here
-        # (the engine then refuses the request with a 400; a TypeError here was a 500, found by the fuzzer).
-        return " ".join(t for p in content if isinstance(p, dict) and p.get("type") == "text"
-                        and isinstance(t := p.get("text"), str))
-    return ""
 
 
 def last_user_text(messages: list[dict[str, Any]]) -> str:
     for m in reversed(messages):
         if m.get("role") == "user":
-            return _text(m.get("content"))
+            return content_text(m.get("content"))
     return ""
 
 
@@ -130,6 +120,13 @@ class SkillInjector:
         """Inject into `body` in place; returns (injected skill names, skill generation). `fits`: whether a
         skills block still fits the context (serve/context_manager.py `skill_fits`); None: no limit.
         `tenant` ("<user>/<workspace>"): its private skills are served too (evolve/scopes.py)."""
+        names, generation, _ = await self.inject_block(body, anthropic, fits, tenant)
+        return names, generation
+
+    async def inject_block(self, body: dict[str, Any], anthropic: bool, fits: Callable[[str], bool] | None = None,
+                           tenant: str | None = None) -> tuple[list[str], int, str]:
+        """`inject`, also returning the block added ("" when none): the session store keeps it once
+        instead of with every turn (serve/skill_blocks.py)."""
         from evolve.retrieval import render_skills_block
         from evolve.scopes import request_scopes
 
@@ -141,9 +138,10 @@ class SkillInjector:
             skills, generation = self._retrieve(query, scopes)
         if skills and fits is not None:
             skills = fit_skills(skills, fits, render_skills_block)
-        if skills:
-            add_to_system(body, render_skills_block(skills), anthropic)
-        return [s.name for s in skills], generation
+        block = render_skills_block(skills) if skills else ""
+        if block:
+            add_to_system(body, block, anthropic)
+        return [s.name for s in skills], generation, block
 
     def _retrieve(self, query: str, scopes: frozenset[str] | None = None) -> tuple[list, int]:
         """(skills, their generation) from ONE library snapshot: a refresh landing between two separate

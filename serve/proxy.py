@@ -133,7 +133,7 @@ class ProxyImpl:
         if self.metrics is not None:
             self.metrics.request(route, status, time.perf_counter() - t0)
 
-    async def _prepare(self, body: dict[str, Any], request: Request, api: Api) -> tuple[TurnMeta, list, int]:
+    async def _prepare(self, body: dict[str, Any], request: Request, api: Api) -> tuple[TurnMeta, list, int, str]:
         view = api.view(body)  # what identity and injection read: the body, or Responses' chat view
         meta = extract_meta(body, {k.lower(): v for k, v in request.headers.items()},
                             client_fingerprint(request), view.get("messages"), self.side_rules)
@@ -145,13 +145,13 @@ class ProxyImpl:
                 view = api.view(body)
                 meta = dataclasses.replace(meta, context=fitted)
             room = self.context.injection_room(body, api.name)
-        skills, generation = [], 0
+        skills, generation, block = [], 0, ""
         if main:
             self.activity.note()
             mark = self.memory.mark(view, api.anthropic) if self.memory is not None else 0
             if self.injector is not None:
                 fits = self.context.skill_fits(room) if room is not None else None
-                skills, generation = await self.injector.inject(view, api.anthropic, fits, meta.tenant)
+                skills, generation, block = await self.injector.inject_block(view, api.anthropic, fits, meta.tenant)
             if self.memory is not None:  # after skills: memory gets the budget they left
                 ids, _ = await self.memory.inject(view, api.anthropic, meta.tenant, meta.session_id,
                                                   meta.memory_scope, mark, room)
@@ -159,10 +159,10 @@ class ProxyImpl:
             api.apply_view(body, view)
         # The client's output-token limit, as asked: the engine clamps it to what fits (serve/budget.py).
         requested = requested_output_tokens(body, OUTPUT_FIELDS[api.name])
-        return dataclasses.replace(meta, max_tokens_requested=requested), skills, generation
+        return dataclasses.replace(meta, max_tokens_requested=requested), skills, generation, block
 
     async def _record(self, reply: Reply, meta: TurnMeta, skills: list[str], generation: int,
-                      tool_calls: list[list[dict]]) -> None:
+                      tool_calls: list[list[dict]], block: str = "") -> None:
         cap = reply.capture
         if self.metrics is not None:
             self.metrics.captured(meta.turn_type.value, len(cap.prompt_ids),
@@ -176,7 +176,7 @@ class ProxyImpl:
         self.activity.note()
         turns = turns_from_reply(reply, meta, skills, generation, tool_calls)
         if turns:  # the conversation the engine rendered: which stored turns it continues, and how
-            await self.recorder.record(turns, read_history(reply.messages, meta.params))
+            await self.recorder.record(turns, read_history(reply.messages, meta.params), block)
 
     async def generate(self, request: Request, anthropic: bool) -> Any:
         """A chat completions request, or with `anthropic` an Anthropic messages request."""
@@ -191,11 +191,11 @@ class ProxyImpl:
             self._auth(request)
             body = await read_json_body(request, self.cfg.max_body_bytes)
             api.check(body)
-            meta, skills, generation = await self._prepare(body, request, api)
+            meta, skills, generation, block = await self._prepare(body, request, api)
             if body.get("stream"):
-                return await self._stream(body, meta, skills, generation, api, t0)
+                return await self._stream(body, meta, skills, generation, api, t0, block)
             reply: Reply = await getattr(self.engine, api.name).remote(body)
-            await self._record(reply, meta, skills, generation, api.tool_calls(reply.body))
+            await self._record(reply, meta, skills, generation, api.tool_calls(reply.body), block)
         except RequestError as e:
             return self._failed(route, t0, error(e.status, str(e)))
         except EngineRequestError as e:
@@ -211,7 +211,7 @@ class ProxyImpl:
         return response
 
     async def _stream(self, body: dict, meta: TurnMeta, skills: list[str], generation: int,
-                      api: Api, t0: float) -> StreamingResponse:
+                      api: Api, t0: float, block: str = "") -> StreamingResponse:
         route = api.name
         if self._stream_engine is None:
             self._stream_engine = self.engine.options(stream=True)
@@ -225,7 +225,7 @@ class ProxyImpl:
                 while True:
                     if isinstance(item, Reply):
                         n = len(item.capture.choices)
-                        await self._record(item, meta, skills, generation, tools.result(n) if tools else [])
+                        await self._record(item, meta, skills, generation, tools.result(n) if tools else [], block)
                         status = 200
                         break
                     if tools is not None:

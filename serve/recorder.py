@@ -19,17 +19,17 @@ log = logging.getLogger("clawray.proxy")
 
 
 class GroupCommit:
-    """`await record(turns, history)` == `SessionStore.record`, batched. One instance per event loop."""
+    """`await record(turns, history, block)` == `SessionStore.record`, batched. One instance per event loop."""
 
     def __init__(self, store: SessionStore, max_batch: int = 256):
         self.store, self.max_batch = store, max_batch
-        self._pending: list[tuple[list[Turn], History | None, asyncio.Future]] = []
+        self._pending: list[tuple[list[Turn], History | None, str, asyncio.Future]] = []
         self._running = False
         self.commits = 0  # transactions run (for tests and benchmarks: commits < records under load)
 
-    async def record(self, turns: list[Turn], history: History | None) -> list[Turn]:
+    async def record(self, turns: list[Turn], history: History | None, block: str = "") -> list[Turn]:
         fut = asyncio.get_running_loop().create_future()
-        self._pending.append((turns, history, fut))
+        self._pending.append((turns, history, block, fut))
         if not self._running:
             self._running = True
             asyncio.get_running_loop().create_task(self._drain())
@@ -43,8 +43,8 @@ class GroupCommit:
         finally:
             self._running = False
 
-    async def _commit(self, batch: list[tuple[list[Turn], History | None, asyncio.Future]]) -> None:
-        items = [(turns, history) for turns, history, _ in batch]
+    async def _commit(self, batch: list[tuple[list[Turn], History | None, str, asyncio.Future]]) -> None:
+        items = [(turns, history, block) for turns, history, block, _ in batch]
         try:
             results = await asyncio.to_thread(self.store.record_batch, items)
         except Exception:  # noqa: BLE001 - one bad item must not fail the others: retry them one by one
@@ -52,14 +52,14 @@ class GroupCommit:
             await self._one_by_one(batch)
             return
         self.commits += 1
-        for (_, _, fut), stored in zip(batch, results, strict=True):
+        for (*_, fut), stored in zip(batch, results, strict=True):
             if not fut.done():  # the request may have been cancelled (client went away)
                 fut.set_result(stored)
 
-    async def _one_by_one(self, batch: list[tuple[list[Turn], History | None, asyncio.Future]]) -> None:
-        for turns, history, fut in batch:
+    async def _one_by_one(self, batch: list[tuple[list[Turn], History | None, str, asyncio.Future]]) -> None:
+        for turns, history, block, fut in batch:
             try:
-                stored = await asyncio.to_thread(self.store.record, turns, history)
+                stored = await asyncio.to_thread(self.store.record, turns, history, block)
             except Exception as e:  # noqa: BLE001 - delivered to the waiting request, which fails with it
                 if not fut.done():
                     fut.set_exception(e)

@@ -33,6 +33,7 @@ from typing import Any
 from core.config import StateConfig
 from core.contracts import Turn
 from core.state import open_database
+from serve import skill_blocks
 from serve.history import History
 
 DB_FILE = "sessions.db"  # under the storage root's sessions/ folder
@@ -45,15 +46,20 @@ CREATE TABLE IF NOT EXISTS turns (
   state TEXT NOT NULL, payload TEXT NOT NULL, updated_at REAL NOT NULL,
   claimed_until REAL NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0,
   next_state TEXT, ended INTEGER NOT NULL DEFAULT 0, request_key TEXT, turn_key TEXT,
-  idle INTEGER NOT NULL DEFAULT 0, failures INTEGER NOT NULL DEFAULT 0, last_error TEXT);
+  idle INTEGER NOT NULL DEFAULT 0, failures INTEGER NOT NULL DEFAULT 0, last_error TEXT,
+  block_ref TEXT, block_at TEXT);
+CREATE TABLE IF NOT EXISTS blocks (ref TEXT PRIMARY KEY, text TEXT NOT NULL, last_used REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS turns_by_session ON turns(session_id, state);
 CREATE INDEX IF NOT EXISTS turns_by_state ON turns(state, claimed_until);
 """
 # Columns added after the first release: (name, definition) for ALTER TABLE on older files.
 # request_key / turn_key: serve/history.py keys (hex), so matching a turn never needs its payload.
+# block_ref / block_at: the skills block cut out of the payload's messages and where (serve/skill_blocks.py).
 ADDED_COLUMNS = (("next_state", "TEXT"), ("ended", "INTEGER NOT NULL DEFAULT 0"), ("request_key", "TEXT"),
                  ("turn_key", "TEXT"), ("idle", "INTEGER NOT NULL DEFAULT 0"),
-                 ("failures", "INTEGER NOT NULL DEFAULT 0"), ("last_error", "TEXT"))
+                 ("failures", "INTEGER NOT NULL DEFAULT 0"), ("last_error", "TEXT"), ("block_ref", "TEXT"),
+                 ("block_at", "TEXT"))
+BLOCK_TOUCH_S = 60.0  # a block's last_used is refreshed at most this often (pruning keeps a day of them)
 MAX_ERROR_CHARS = 2000
 
 
@@ -81,19 +87,21 @@ class SessionStore:
     def _tx(self, *locks: str):
         return self._db.tx(*locks)
 
-    def record(self, turns: list[Turn], history: History | None = None) -> list[Turn]:
+    def record(self, turns: list[Turn], history: History | None = None, block: str = "") -> list[Turn]:
         """Store the main turn(s) of one request (n > 1 choices share a `group_id` and an index) and
-        complete the pending turns its `history` continues (module rules). Assigns `turn_index`."""
-        return self.record_batch([(turns, history)])[0]
+        complete the pending turns its `history` continues (module rules). Assigns `turn_index`.
+        `block`: the skills block injected into the request's messages, stored once for all turns that
+        carry it (serve/skill_blocks.py); reading gives the messages back whole."""
+        return self.record_batch([(turns, history, block)])[0]
 
-    def record_batch(self, items: list[tuple[list[Turn], History | None]]) -> list[list[Turn]]:
+    def record_batch(self, items: list[tuple[list[Turn], History | None, str]]) -> list[list[Turn]]:
         """`record` for several requests in ONE transaction (group commit), in order: two requests of
         the same session in one batch chain exactly as if recorded one after the other."""
         now = time.time()
-        with self._tx(*(turns[0].session_id for turns, _ in items)) as db:
-            return [self._record(db, turns, history, now) for turns, history in items]
+        with self._tx(*(it[0][0].session_id for it in items)) as db:
+            return [self._record(db, turns, history, now, block) for turns, history, block in items]
 
-    def _record(self, db, turns: list[Turn], history: History | None, now: float) -> list[Turn]:
+    def _record(self, db, turns: list[Turn], history: History | None, now: float, block: str = "") -> list[Turn]:
         first = turns[0]
         sid = first.session_id
         pending = db.execute(  # indexed (turns_by_session); a handful of rows per session
@@ -116,15 +124,17 @@ class SessionStore:
         if first.last_in_session and left:  # the session is over: its other conversations end with it
             _complete(db, [r[0] for r in left], None, now, ended=True)
         request_key = history.request_key if history is not None else None
+        ref, at, compact = _store_block(db, first.messages, block, now)  # the choices share their messages
         stored = []
         for turn in turns:
             turn = turn.model_copy(update={"turn_index": index})
             key = history.turn_key(turn.response_text, turn.tool_calls) if history is not None else None
+            payload = turn.model_copy(update={"messages": compact}) if ref else turn
             db.execute(
                 "INSERT INTO turns(turn_id, session_id, turn_index, state, payload, updated_at, ended, "
-                "request_key, turn_key) VALUES(?,?,?,?,?,?,?,?,?)",
+                "request_key, turn_key, block_ref, block_at) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
                 (turn.turn_id, sid, index, "completed" if turn.last_in_session else "pending",
-                 turn.model_dump_json(), now, int(turn.last_in_session), request_key, key),
+                 payload.model_dump_json(), now, int(turn.last_in_session), request_key, key, ref, at),
             )
             stored.append(turn)
         return stored
@@ -165,7 +175,8 @@ class SessionStore:
                     f"WHERE turn_id IN ({','.join('?' * len(ids))})",
                     (now + lease_s, *ids),
                 )
-        return [_turn(*r[1:]) for r in rows]
+            texts = _block_texts(db, rows, 1)
+        return [_turn(*r[1:], texts=texts) for r in rows]
 
     def mark_dispatched(self, turn_ids: list[str]) -> None:
         with self._tx() as db:
@@ -235,6 +246,8 @@ class SessionStore:
         cutoff = time.time() - older_than_s
         with self._tx() as db:
             n = db.execute("DELETE FROM turns WHERE state='dispatched' AND updated_at < ?", (cutoff,)).rowcount
+            db.execute("DELETE FROM blocks WHERE last_used < ? AND ref NOT IN "
+                       "(SELECT block_ref FROM turns WHERE block_ref IS NOT NULL)", (cutoff,))
             db.execute("DELETE FROM sessions WHERE done=1 AND last_seen < ? AND NOT EXISTS "
                        "(SELECT 1 FROM turns t WHERE t.session_id=sessions.session_id)", (cutoff,))
         return n
@@ -247,7 +260,8 @@ class SessionStore:
             q, args = q + " AND state=?", [*args, state]
         with self._tx() as db:
             rows = db.execute(q + " ORDER BY session_id, turn_index", args).fetchall()
-        return [_turn(*r) for r in rows]
+            texts = _block_texts(db, rows, 0)
+        return [_turn(*r, texts=texts) for r in rows]
 
     def stats(self) -> dict[str, int]:
         with self._tx() as db:
@@ -256,14 +270,39 @@ class SessionStore:
         return {"sessions": sessions, **{s: n for s, n in rows}}
 
 
-TURN_COLUMNS = "payload, next_state, ended, idle"
+TURN_COLUMNS = "payload, next_state, ended, idle, block_ref, block_at"
 
 
-def _turn(payload: str, next_state: str | None, ended: int, idle: int) -> Turn:
+def _store_block(db, messages: list[dict[str, Any]], block: str, now: float) -> tuple[str | None, str | None, list]:
+    """Keep `block` once (its row's last_used refreshed at most every BLOCK_TOUCH_S) and return (ref,
+    where it was as JSON, the messages without it); (None, None, messages) when the messages lack it."""
+    found = skill_blocks.cut(messages, block)
+    if found is None:
+        return None, None, messages
+    compact, at = found
+    ref = skill_blocks.block_ref(block)
+    db.execute("INSERT INTO blocks(ref, text, last_used) VALUES(?,?,?) ON CONFLICT(ref) DO UPDATE SET "
+               "last_used=excluded.last_used WHERE blocks.last_used < ?", (ref, block, now, now - BLOCK_TOUCH_S))
+    return ref, json.dumps(at), compact
+
+
+def _block_texts(db, rows: list[tuple], offset: int) -> dict[str, str]:
+    """The texts of the blocks `rows` refer to (their block_ref at `offset` + 4 of the row)."""
+    refs = sorted({r[offset + 4] for r in rows if r[offset + 4]})
+    if not refs:
+        return {}
+    return dict(db.execute(f"SELECT ref, text FROM blocks WHERE ref IN ({','.join('?' * len(refs))})",
+                           refs).fetchall())
+
+
+def _turn(payload: str, next_state: str | None, ended: int, idle: int, block_ref: str | None = None,
+          block_at: str | None = None, texts: dict[str, str] | None = None) -> Turn:
     """A stored turn with what completed it (rows completed before these columns existed carry it in
-    the payload)."""
+    the payload) and its messages whole again (the skills block pasted back)."""
     turn = Turn.model_validate_json(payload)
     update: dict[str, Any] = {}
+    if block_ref:
+        update["messages"] = skill_blocks.paste(turn.messages, json.loads(block_at), (texts or {})[block_ref])
     if next_state is not None:
         update["next_state"] = json.loads(next_state)
     if (ended or idle) and not turn.last_in_session:

@@ -245,3 +245,56 @@ def test_an_agents_own_session_id_keeps_its_requests_in_one_session_and_never_me
     assert extract_meta(c, {**hc, "x-session-id": "mine"}, "client-a").session_id == "mine"  # clawray's wins
     d, _ = _claude_code("one")  # the id in the body's metadata alone (no header) serves as well
     assert extract_meta(d, {}, "client-a").session_id == s1
+
+
+# ---- the skills block is stored once, and every reader gets the messages whole ---------------------------
+
+BLOCK = "## Active Skills\n\nApply the skills below.\n\n### plan-first\n_Plan first._\n\n" + "Keep the times. " * 200
+SHAPES = {  # the three ways serve/injection.py add_to_system puts a block into messages
+    "string": [{"role": "system", "content": f"You are brief.\n\n{BLOCK}\n\n## Memory\nlikes tea"},
+               {"role": "user", "content": "plan"}],
+    "parts": [{"role": "system", "content": [{"type": "text", "text": "Be brief."}, {"type": "text", "text": BLOCK}]},
+              {"role": "user", "content": "plan"}],
+    "alone": [{"role": "system", "content": BLOCK}, {"role": "user", "content": "plan"}],
+}
+
+
+def test_the_skills_block_is_stored_once_and_read_back_byte_for_byte(tmp_path, state_cfg):
+    s = SessionStore(tmp_path / "s.db", state_cfg)
+    for i, msgs in enumerate(SHAPES.values()):
+        s.record([_turn(f"b{i}", messages=msgs, skills=["plan-first"], last_in_session=True)], None, BLOCK)
+    s.record([_turn("b-none", messages=SHAPES["alone"], last_in_session=True)], None, "")  # no block given
+    with s._tx() as db:
+        blocks = db.execute("SELECT COUNT(*) FROM blocks").fetchone()[0]
+        payloads = [r[0] for r in db.execute("SELECT payload FROM turns WHERE session_id LIKE 'b_'")]
+    assert blocks == 1 and not any("Keep the times." in p for p in payloads)  # one copy, not one per turn
+    read = {t.session_id: t.messages for t in s.turns()}
+    claimed = {t.session_id: t.messages for t in s.claim(10, 60)}
+    for i, msgs in enumerate(SHAPES.values()):
+        assert read[f"b{i}"] == msgs and claimed[f"b{i}"] == msgs
+        assert json.dumps(read[f"b{i}"]) == json.dumps(msgs)  # same text, same key order
+    assert read["b-none"] == SHAPES["alone"]
+
+
+def test_a_block_that_is_not_in_the_messages_is_not_cut(tmp_path, state_cfg):
+    s = SessionStore(tmp_path / "s.db", state_cfg)
+    msgs = [{"role": "user", "content": BLOCK}]  # the same text, but a user's: never where skills go
+    s.record([_turn("u", messages=msgs, last_in_session=True)], None, BLOCK)
+    (t,) = s.turns("u")
+    assert t.messages == msgs
+    with s._tx() as db:
+        assert db.execute("SELECT COUNT(*) FROM blocks").fetchone()[0] == 0
+
+
+def test_pruning_keeps_blocks_that_stored_turns_still_need(tmp_path, state_cfg):
+    s = SessionStore(tmp_path / "s.db", state_cfg)
+    other = BLOCK.replace("plan-first", "check-twice")
+    s.record([_turn("old", messages=SHAPES["alone"], last_in_session=True)], None, BLOCK)
+    s.record([_turn("kept", messages=[{"role": "system", "content": other}], last_in_session=True)], None, other)
+    (old,) = s.claim(1, 60)
+    s.mark_dispatched([old.turn_id])
+    assert s.prune(older_than_s=-1) == 1  # the dispatched turn goes, and the block only it used
+    with s._tx() as db:
+        assert db.execute("SELECT COUNT(*) FROM blocks").fetchone()[0] == 1
+    (kept,) = s.turns("kept")
+    assert kept.messages == [{"role": "system", "content": other}]
