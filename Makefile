@@ -29,9 +29,10 @@ $(STAMP): pyproject.toml
 
 $(MODEL): $(STAMP) scripts/make_tiny_model.py
 	$(BIN)/python scripts/make_tiny_model.py
-	@# MiniLM's ONNX export (evolve/onnx_encoder.py) and its static distillation (evolve/static_encoder.py,
-	@# `embedding_encoder: static`; minutes on 2 cores), once here rather than in the first replica to start.
-	$(BIN)/python -c "from evolve.embedding import SentenceEmbedder as E; print('query encoders:', E().backend, E(encoder='static').backend)"
+	@# MiniLM's ONNX export (evolve/onnx_encoder.py), its int8 query graph (evolve/int8_encoder.py, the default
+	@# query encoder) and its static distillation (evolve/static_encoder.py, `embedding_encoder: static`;
+	@# minutes on 2 cores), once here rather than in the first replica to start.
+	$(BIN)/python -c "from evolve.embedding import SentenceEmbedder as E; print('query encoders:', E().query_backend, E(encoder='static').backend)"
 
 setup: $(STAMP) $(MODEL)
 

@@ -1,7 +1,8 @@
 """Memory retrieval latency at 100k units per scope, and ingestion throughput.
 
     nice -n 10 python -m benchmarks.memory_retrieval [--units 100000] [--others 2x10000] [--queries 300]
-                                                     [--ingest-turns 200] [--backends torch,onnx,static]
+                                                     [--ingest-turns 200] [--backends torch,onnx,int8,static]
+                                                     [--block 20]
                                                      [--quick]
 
 A SQLite memory store is filled with `--units` synthetic units in ONE workspace scope (the measured one)
@@ -14,13 +15,19 @@ are cached under .cache/memory_bench/ (gitignored) and reruns only rebuild the s
   encode then binary-prefiltered vector search, on a helper thread overlapped with the FTS5 search; one
   fetch of the candidates' rows with the scope check; fusion; units built for the top_k), p50/p99; and
   each stage alone (encode, FTS, vectors, fetch+fuse) p50/p99; per query encoder (`--backends`:
-  sentence-transformers on torch, the same model on onnxruntime, and `static`, taking turns query by
-  query so all see the same load; the last transformer one runs everything else); cold start (the first
+  sentence-transformers on torch, the same model on onnxruntime in fp32 (`onnx`) and through its int8
+  query graph (`int8`, evolve/int8_encoder.py, the default; its queries search the same fp32 unit
+  vectors), and `static`, taking turns query by query so all see the same load; the last transformer one
+  encodes the units and runs everything else; and that one again with the legs one after the other,
+  MemorySearch(overlap=False), instead of the vector leg on a helper thread beside the full-text leg);
+  conditions take turns in blocks of `--block` queries (a replica serves a stream of queries: a torch
+  forward between two queries evicts the caches the next one would find warm, which doubled the ONNX
+  encodes when they alternated query by query); cold start (the first
   search loads the scope's vectors); hit@6 of the unit each query was written for (quality), for hybrid,
   full text only and vectors only; recall@10 of the prefilter against exact vector search.
 - paraphrases: 20 real facts planted among the synthetic units, asked with questions that share few or
-  no words with them ("which city am I based in?" for "The user lives in Toronto."): hit@6 end to end,
-  per vector space.
+  no words with them ("which city am I based in?" for "The user lives in Toronto."): hit@6 end to end
+  and per leg, per query encoder.
 - repeated query: an agent's tool-call steps resend the same user message (the query vector is cached).
 - ingestion: conversations of `--ingest-turns` turns through the offline extractor, the encoder and
   consolidation into the 100k scope; turns/s and units/s, per vector space.
@@ -48,7 +55,7 @@ from rich.console import Console
 from rich.table import Table
 
 from core.config import MemoryConfig
-from evolve.embedding import SentenceEmbedder
+from evolve.embedding import SentenceEmbedder, query_vector
 from memory.extract import OfflineExtractor
 from memory.fusion import fuse
 from memory.index import ScopeVectors, adopt_encoder, binary_codes
@@ -167,10 +174,10 @@ STAGES = ("search", "encode", "full_text", "vectors", "fetch")
 
 
 def measure(searches: dict[str, MemorySearch], queries: list[str], targets: dict[str, list[str]], user: str,
-            ws: str) -> dict[str, dict[str, Any]]:
+            ws: str, block: int = 20) -> dict[str, dict[str, Any]]:
     """Per condition (query encoder): end-to-end search and each stage on its own, plus hit@top_k of the
-    target unit (`targets`: per condition, its store's ids). The conditions take turns query by query, so
-    a change in the machine's load hits all alike."""
+    target unit (`targets`: per condition, its store's ids). The conditions take turns in blocks of
+    `block` queries, so a change in the machine's load hits all alike."""
     scopes = request_scopes(user, ws, "bench-session")
     cold = {}
     for name, search in searches.items():
@@ -179,9 +186,10 @@ def measure(searches: dict[str, MemorySearch], queries: list[str], targets: dict
         cold[name] = time.perf_counter() - t0
     times = {name: {stage: [] for stage in STAGES} for name in searches}
     hits = {name: {"hybrid": 0, "full_text": 0, "vectors": 0} for name in searches}
-    for i, q in enumerate(queries):
+    for start in range(0, len(queries), block):
         for name, search in searches.items():
-            one_query(search, q, targets[name][i], scopes, times[name], hits[name])
+            for i in range(start, min(start + block, len(queries))):
+                one_query(search, queries[i], targets[name][i], scopes, times[name], hits[name])
     n = len(queries)
     return {name: {"cold_first_search_s": round(cold[name], 2), **{st: pct(times[name][st]) for st in STAGES},
                    "hit_at_k": {k: round(v / n, 3) for k, v in hits[name].items()}} for name in searches}
@@ -196,7 +204,7 @@ def one_query(search: MemorySearch, q: str, target: str, scopes: list[Scope], ti
     times["search"].append(time.perf_counter() - t)
     hits["hybrid"] += target in {u.unit_id for u, _ in res.hits}
     t = time.perf_counter()
-    qv = emb.encode([q])[0]
+    qv = query_vector(emb, q)  # the query path: the int8 graph where the embedder has one
     times["encode"].append(time.perf_counter() - t)
     t = time.perf_counter()
     text_ids = store.full_text(keys, q, cfg.candidates, cfg.fts_max_df)
@@ -213,21 +221,25 @@ def one_query(search: MemorySearch, q: str, target: str, scopes: list[Scope], ti
     hits["vectors"] += target in vec_ids[: cfg.top_k]
 
 
-def paraphrases(store: SqliteMemoryStore, search: MemorySearch, embedder: SentenceEmbedder, user: str,
-                ws: str) -> dict[str, Any]:
-    """Plant PARAPHRASES' facts in the scope; hit@top_k of each question, end to end and per leg."""
+def paraphrases(store: SqliteMemoryStore, searches: dict[str, MemorySearch], user: str,
+                ws: str) -> dict[str, dict[str, Any]]:
+    """Plant PARAPHRASES' facts in the scope (encoded as documents by the first of `searches`, which all
+    share the store's vector space); per query encoder, hit@top_k of each question, end to end and per leg."""
     facts = [f for f, _ in PARAPHRASES]
-    ids, _ = fill(store, [("semantic", f) for f in facts], embedder.encode(facts), user, ws, time.time())
+    first = next(iter(searches.values()))
+    ids, _ = fill(store, [("semantic", f) for f in facts], first.embedder.encode(facts), user, ws, time.time())
     scopes = request_scopes(user, ws, "bench-session")
-    keys, cfg = [s.key for s in scopes], search.cfg
-    hybrid = full_text = vectors = 0
-    for uid, (_, question) in zip(ids, PARAPHRASES, strict=True):
-        hybrid += uid in {u.unit_id for u, _ in search.search(question, scopes).hits}
-        full_text += uid in store.full_text(keys, question, cfg.candidates, cfg.fts_max_df)[: cfg.top_k]
-        q = embedder.encode([question])[0]
-        vectors += uid in [u for u, c in search.index.search(keys, q, cfg.top_k) if c >= cfg.min_similarity]
-    n = len(PARAPHRASES)
-    return {"hybrid": hybrid / n, "full_text": full_text / n, "vectors": vectors / n}
+    keys, cfg, n = [s.key for s in scopes], first.cfg, len(PARAPHRASES)
+    out = {}
+    for name, search in searches.items():
+        hybrid = full_text = vectors = 0
+        for uid, (_, question) in zip(ids, PARAPHRASES, strict=True):
+            hybrid += uid in {u.unit_id for u, _ in search.search(question, scopes).hits}
+            full_text += uid in store.full_text(keys, question, cfg.candidates, cfg.fts_max_df)[: cfg.top_k]
+            q = query_vector(search.embedder, question)
+            vectors += uid in [u for u, c in search.index.search(keys, q, cfg.top_k) if c >= cfg.min_similarity]
+        out[name] = {"hybrid": hybrid / n, "full_text": full_text / n, "vectors": vectors / n}
+    return out
 
 
 def repeated(search: MemorySearch, query: str, user: str, ws: str, n: int = 50) -> dict[str, float]:
@@ -280,8 +292,9 @@ def make_embedders(backends: list[str]) -> tuple[dict[str, SentenceEmbedder], st
     import torch
 
     torch.set_num_threads(1)  # as in a Proxy replica or the Memory actor: Ray sets OMP_NUM_THREADS=1
-    embedders = {b: SentenceEmbedder(encoder="static") if b == "static" else SentenceEmbedder(backend=b)
-                 for b in backends}
+    from benchmarks.retrieval import make_embedder  # one definition of the conditions for both benchmarks
+
+    embedders = {b: make_embedder(b) for b in backends}
     transformers = [b for b in embedders if b != "static"]
     return embedders, transformers[-1] if transformers else backends[-1]
 
@@ -301,11 +314,15 @@ def build_store(path: Path, embedder: SentenceEmbedder, units: list[tuple[str, s
     return store, ids, write_rate, vecs
 
 
-def space_quality(store: SqliteMemoryStore, search: MemorySearch, embedder: SentenceEmbedder, vecs: np.ndarray,
+def space_quality(store: SqliteMemoryStore, searches: dict[str, MemorySearch], vecs: np.ndarray,
                   queries: list[str], ingest_turns: int) -> dict[str, Any]:
-    """Per vector space: prefilter recall, paraphrase hits, ingestion throughput."""
-    return {"prefilter_recall_at_10": prefilter_recall(vecs, embedder.encode(queries[:100])),
-            "paraphrase_hit_at_k": paraphrases(store, search, embedder, "bench", "ws"),
+    """Per vector space (`searches`: its query encoders, the one that encodes its documents first):
+    prefilter recall and paraphrase hits per query encoder, ingestion throughput."""
+    embedder = next(iter(searches.values())).embedder
+    return {"prefilter_recall_at_10": {name: prefilter_recall(vecs, np.stack([query_vector(s.embedder, q)
+                                                                             for q in queries[:100]]))
+                                       for name, s in searches.items()},
+            "paraphrase_hit_at_k": paraphrases(store, searches, "bench", "ws"),
             "ingestion": ingestion(store, embedder, ingest_turns, "ws")}
 
 
@@ -315,9 +332,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--others", default="2x10000", help="other users' scopes: COUNTxUNITS")
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--ingest-turns", type=int, default=200)
-    ap.add_argument("--backends", default="torch,onnx,static",
-                    help="query encoders compared in one run (SentenceEmbedder backends, or static); the last "
-                         "transformer one runs the rest")
+    ap.add_argument("--backends", default="torch,onnx,int8,static",
+                    help="query encoders compared in one run (torch, onnx = fp32 queries, int8, static); the "
+                         "last transformer one encodes the units (fp32) and runs the rest")
+    ap.add_argument("--block", type=int, default=20, help="queries per turn of a condition (1: alternate per query)")
     ap.add_argument("--quick", action="store_true", help="10k units, 100 queries, 40 ingested turns")
     args = ap.parse_args(argv)
     if args.quick:
@@ -336,18 +354,25 @@ def main(argv: list[str] | None = None) -> int:
                 spaces[eid] = build_store(Path(tmp) / f"memory-{len(spaces)}.db", embedders[name], units,
                                           n_others, per_other, now)
         searches = {b: MemorySearch(spaces[e.encoder_id][0], cfg, e) for b, e in embedders.items()}
+        # The default overlaps the vector leg (on a helper thread) with the full-text leg; the primary
+        # encoder with the legs one after the other (`overlap=False`) is measured in the same turns.
+        sequential = f"{primary} sequential"
+        searches[sequential] = MemorySearch(spaces[embedders[primary].encoder_id][0], cfg, embedders[primary],
+                                            overlap=False)
+        emb_of = {**embedders, sequential: embedders[primary]}
         conditions = measure(searches, asked, {b: [spaces[e.encoder_id][1][i] for i in pick]
-                                               for b, e in embedders.items()}, "bench", "ws")
+                                               for b, e in emb_of.items()}, "bench", "ws", args.block)
         store, _, write_rate, _ = spaces[embedders[primary].encoder_id]
         result = {**conditions[primary], "encoder": primary, "conditions": conditions,
                   "repeated_query": repeated(searches[primary], asked[0], "bench", "ws")}
         by_space = {}
-        for b, e in embedders.items():
-            if e.encoder_id not in by_space:
-                sp_store, _, _, sp_vecs = spaces[e.encoder_id]
-                by_space[e.encoder_id] = {"conditions": [n for n, x in embedders.items()
-                                                         if x.encoder_id == e.encoder_id],
-                                          **space_quality(sp_store, searches[b], e, sp_vecs, asked, args.ingest_turns)}
+        for b in [primary, *[n for n in embedders if n != primary]]:  # the primary encodes its space's units
+            eid = embedders[b].encoder_id
+            if eid not in by_space:
+                sp_store, _, _, sp_vecs = spaces[eid]
+                names = [b, *[n for n, x in embedders.items() if x.encoder_id == eid and n != b]]
+                by_space[eid] = {"conditions": names, **space_quality(
+                    sp_store, {n: searches[n] for n in names}, sp_vecs, asked, args.ingest_turns)}
         result["spaces"] = by_space
         result.update({k: by_space[embedders[primary].encoder_id][k]
                        for k in ("prefilter_recall_at_10", "paraphrase_hit_at_k", "ingestion")})
@@ -360,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         db_mb = sum(p.stat().st_size for p in Path(tmp).iterdir() if p.name.startswith("memory-0")) / 2**20
     result.update({"units_in_scope": args.units, "other_scopes": f"{n_others}x{per_other}",
                    "store_write_units_per_s": round(write_rate, 1), "db_mb": round(db_mb, 1),
-                   "queries": args.queries, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                   "queries": args.queries, "block": args.block, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                    "load_avg_at_start": load_at_start, "load_avg_at_end": round(os.getloadavg()[0], 2)})
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2))

@@ -1,17 +1,23 @@
 """Skill retrieval latency at 100 / 1,000 / 10,000 skills, both modes, and the cost of adding a skill.
 
     python -m benchmarks.retrieval [--sizes 100,1000,10000] [--queries 300] [--encode-limit 1000]
-                                   [--backends torch,onnx,static] [--synthetic-vectors] [--quick]
+                                   [--backends torch,onnx,int8,static] [--block 20] [--synthetic-vectors]
+                                   [--quick]
 
 Skills are generated synthetically (seeded): pseudo-word descriptions mixed with task keywords, ~30%
 general. Queries are always encoded with the real all-MiniLM-L6-v2 (offline package) unless
 `--synthetic-vectors`; that time is reported separately, per query encoder (`--backends`:
-sentence-transformers on torch, the same model on onnxruntime, and its static model2vec distillation
-(evolve/static_encoder.py), all on one thread as in a Proxy replica, taking turns query by query),
+sentence-transformers on torch, the same model on onnxruntime in fp32 (`onnx`) and through its int8 query
+graph (`int8`, evolve/int8_encoder.py, the default), and its static model2vec distillation
+(evolve/static_encoder.py), all on one thread as in a Proxy replica, taking turns in blocks of `--block`
+queries: a replica serves a stream of queries, and a torch forward between two ONNX queries evicts the
+caches the next one would find warm, which doubled the ONNX encodes when they alternated per query),
 together with the search *including* the (uncached) encode at each size, and each encoder's recall@1/@5
-on the labelled skill queries (benchmarks/skill_recall.py). The static encoder's vectors are in a space
-of their own, so its searches run against skills encoded by it; torch and onnx share one skill matrix,
-encoded by the last transformer backend (the "primary", which also runs the rest). Skills are encoded
+on the labelled skill queries (benchmarks/skill_recall.py), and how each transformer query encoder's
+vectors agree with fp32 MiniLM's (cosine; overlap of the top 5 skills on the labelled set). The static
+encoder's vectors are in a space of their own, so its searches run against skills encoded by it; torch,
+onnx and int8 share one skill matrix (fp32 documents), encoded by the last transformer backend (the
+"primary", which also runs the rest). Skills are encoded
 with the real model up to `--encode-limit` skills (its throughput is reported, so the one-time cost at
 larger sizes can be read off); above it the skill matrix holds seeded random unit vectors of the same
 shape, which cost exactly the same to score (a 10,000-skill encode takes minutes on 2 busy cores and
@@ -39,12 +45,12 @@ from rich.table import Table
 from core.config import SkillsConfig
 from core.contracts import Skill
 from evolve.bank import SkillBank
-from evolve.embedding import EmbeddingCache, SentenceEmbedder
+from evolve.embedding import EmbeddingCache, SentenceEmbedder, query_vector, skill_text
 from evolve.retrieval import EmbeddingRetriever, SkillSearch, TemplateRetriever
 from evolve.skill_md import render_skill_md
 from evolve.text import TASK_KEYWORDS
 
-from .skill_recall import encoder_recall
+from .skill_recall import encoder_recall, labelled_set
 
 OUT = Path(__file__).resolve().parent / "out" / "retrieval.json"
 CATEGORIES = ["general", *TASK_KEYWORDS]
@@ -108,7 +114,7 @@ def timed(fn, args_list) -> list[float]:
 
 
 def bench_size(n: int, queries: list[str], qvecs: np.ndarray, encoders: dict[str, EmbeddingCache],
-               primary: str, encode_limit: int) -> dict[str, Any]:
+               primary: str, encode_limit: int, block: int = 20) -> dict[str, Any]:
     skills = synthetic_skills(n)
     caches = skill_caches(encoders, primary, n <= encode_limit)
     cache = caches[primary]
@@ -134,7 +140,7 @@ def bench_size(n: int, queries: list[str], qvecs: np.ndarray, encoders: dict[str
     for name, c in caches.items():  # one index per vector space: torch and onnx share the primary's
         retrievers[name] = er if c is cache else EmbeddingRetriever(c)
         retrievers[name].build(skills)
-    res["embedding_with_encode"] = with_encode(retrievers, queries, encoders)
+    res["embedding_with_encode"] = with_encode(retrievers, queries, encoders, block)
     return res
 
 
@@ -153,15 +159,16 @@ def skill_caches(encoders: dict[str, EmbeddingCache], primary: str, model_vector
 
 
 def with_encode(retrievers: dict[str, EmbeddingRetriever], queries: list[str],
-                encoders: dict[str, EmbeddingCache]) -> dict[str, Any]:
+                encoders: dict[str, EmbeddingCache], block: int) -> dict[str, Any]:
     """Per query encoder: encode the query (uncached), then retrieve (what a request with a new message
-    pays); encoders take turns query by query."""
+    pays); encoders take turns in blocks of `block` queries."""
     took: dict[str, list[float]] = {name: [] for name in encoders}
-    for q in queries:
+    for start in range(0, len(queries), block):
         for name, enc in encoders.items():
-            t0 = time.perf_counter()
-            retrievers[name].retrieve_vector(enc.embedder.encode([q])[0], 6, 3)
-            took[name].append(time.perf_counter() - t0)
+            for q in queries[start:start + block]:
+                t0 = time.perf_counter()
+                retrievers[name].retrieve_vector(query_vector(enc.embedder, q), 6, 3)
+                took[name].append(time.perf_counter() - t0)
     return {name: pct(ts) for name, ts in took.items()}
 
 
@@ -219,24 +226,59 @@ def table(results: dict[str, Any]) -> Table:
 
 
 def query_encoders(backends: list[str], synthetic: bool) -> dict[str, EmbeddingCache]:
-    """Conditions by name: a SentenceEmbedder backend (torch, onnx) or `static` (the distilled encoder)."""
+    """Conditions by name: torch, onnx (fp32 queries), int8 (the int8 query graph) or static."""
     if synthetic:
         return {"random": EmbeddingCache(RandomEmbedder())}
     import torch
 
     torch.set_num_threads(1)  # as in a Proxy replica: Ray sets OMP_NUM_THREADS=1
-    return {b: EmbeddingCache(SentenceEmbedder(encoder="static") if b == "static" else SentenceEmbedder(backend=b))
-            for b in backends}
+    return {b: EmbeddingCache(make_embedder(b)) for b in backends}
 
 
-def encode_times(encoders: dict[str, EmbeddingCache], queries: list[str]) -> dict[str, dict[str, float]]:
-    """p50/p99 of one (uncached) query encode per encoder, the encoders taking turns so all see the same load."""
+def make_embedder(name: str) -> SentenceEmbedder:
+    """A condition's embedder; `int8` must really get the int8 query graph (else the run would mislabel)."""
+    if name == "static":
+        return SentenceEmbedder(encoder="static")
+    if name == "int8":
+        emb = SentenceEmbedder(backend="onnx")
+        if emb.query_backend != "onnx-int8":
+            raise SystemExit("the int8 query encoder is unavailable here (see the log); drop `int8` from --backends")
+        return emb
+    return SentenceEmbedder(backend=name, query_precision="fp32")
+
+
+def fp32_agreement(encoders: dict[str, EmbeddingCache], reference: str, queries: list[str]) -> dict[str, Any]:
+    """Per transformer condition: cosine of its query vectors to `reference`'s (fp32 ONNX) on `queries`
+    and the labelled queries, and the mean overlap of its top 5 labelled skills with the reference's."""
+    ref = encoders[reference].embedder
+    skills, labelled, _ = labelled_set()
+    docs = ref.encode([skill_text(s) for s in skills])
+    texts = [*queries, *labelled]
+    want = np.stack([query_vector(ref, q) for q in texts])
+    top_ref = np.argsort(-(want[len(queries):] @ docs.T), axis=1)[:, :5]
+    out = {}
+    for name, enc in encoders.items():
+        if enc.embedder.encoder_id != ref.encoder_id:
+            continue  # another vector space (static): not comparable
+        got = np.stack([query_vector(enc.embedder, q) for q in texts])
+        cos = (got * want).sum(axis=1)
+        top = np.argsort(-(got[len(queries):] @ docs.T), axis=1)[:, :5]
+        overlap = np.mean([len(set(a) & set(b)) / 5 for a, b in zip(top, top_ref, strict=True)])
+        out[name] = {"cos_mean": round(float(cos.mean()), 4), "cos_min": round(float(cos.min()), 4),
+                     "top5_overlap_labelled": round(float(overlap), 3)}
+    return out
+
+
+def encode_times(encoders: dict[str, EmbeddingCache], queries: list[str], block: int) -> dict[str, dict[str, float]]:
+    """p50/p99 of one (uncached) query encode per encoder, the encoders taking turns in blocks of `block`
+    queries so all see the same load."""
     took: dict[str, list[float]] = {name: [] for name in encoders}
-    for q in queries:
+    for start in range(0, len(queries), block):
         for name, enc in encoders.items():
-            t0 = time.perf_counter()
-            enc.embedder.encode([q])
-            took[name].append(time.perf_counter() - t0)
+            for q in queries[start:start + block]:
+                t0 = time.perf_counter()
+                query_vector(enc.embedder, q)
+                took[name].append(time.perf_counter() - t0)
     return {name: pct(ts) for name, ts in took.items()}
 
 
@@ -245,10 +287,11 @@ def main() -> None:
     ap.add_argument("--sizes", default="100,1000,10000")
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--encode-limit", type=int, default=1000, help="largest size encoded by the model")
-    ap.add_argument("--backends", default="torch,onnx,static",
-                    help="query encoders compared in one run (SentenceEmbedder backends, or static); the last "
-                         "transformer backend encodes the skills and runs the rest")
+    ap.add_argument("--backends", default="torch,onnx,int8,static",
+                    help="query encoders compared in one run (torch, onnx = fp32 queries, int8, static); the last "
+                         "transformer one encodes the skills (fp32) and runs the rest")
     ap.add_argument("--synthetic-vectors", action="store_true", help="random vectors instead of the model")
+    ap.add_argument("--block", type=int, default=20, help="queries per turn of an encoder (1: alternate per query)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 100 and 1,000 skills, 100 queries, model-encoded skills only at 100")
     args = ap.parse_args()
@@ -261,7 +304,7 @@ def main() -> None:
     random_cache = EmbeddingCache(RandomEmbedder(seed=3))
     queries = synthetic_queries(args.queries)
     qvecs = model.embedder.encode(queries)  # also warms the model up
-    enc = encode_times(encoders, queries[:60])
+    enc = encode_times(encoders, queries[:60], args.block)
     one = synthetic_skills(30, seed=5, prefix="one")
     enc_skill = timed(lambda s: model.skill_matrix([s]), [(s,) for s in one])
     results: dict[str, Any] = {
@@ -273,8 +316,11 @@ def main() -> None:
         "recall_by_backend": ({} if args.synthetic_vectors
                               else {name: encoder_recall(e.embedder) for name, e in encoders.items()}),
         "encoder_ids": {name: e.embedder.encoder_id for name, e in encoders.items()},
+        "fp32_agreement": ({} if args.synthetic_vectors or "onnx" not in encoders
+                           else fp32_agreement(encoders, "onnx", queries)),
         "encode_one_skill": pct(enc_skill[5:]),
-        "sizes": [bench_size(n, queries, qvecs, encoders, primary, args.encode_limit) for n in sizes],
+        "block": args.block,
+        "sizes": [bench_size(n, queries, qvecs, encoders, primary, args.encode_limit, args.block) for n in sizes],
     }
     big = max(sizes)
     results["add"] = bench_add(big, model if big <= args.encode_limit else random_cache)
@@ -289,7 +335,8 @@ def main() -> None:
         console.print(f"{name}: query encoding p50 {e['p50_ms']:.2f} ms, p99 {e['p99_ms']:.2f} ms; embedding "
                       f"retrieval at {big:,} including the encode p50 {with_enc['p50_ms']:.2f} ms, "
                       f"p99 {with_enc['p99_ms']:.2f} ms; labelled queries recall@1 {rec.get('recall_at_1')}, "
-                      f"recall@5 {rec.get('recall_at_5')}")
+                      f"recall@5 {rec.get('recall_at_5')}; agreement with fp32 "
+                      f"{results['fp32_agreement'].get(name, '-')}")
     console.print(f"query encoding ({primary}): p50 {qe['p50_ms']:.2f} ms, p99 {qe['p99_ms']:.2f} ms; one skill "
                   f"p50 {es['p50_ms']:.2f} ms; skill vectors: "
                   + ", ".join(f"{r['skills']}={r['skill_vectors']}" for r in results["sizes"]))

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from core.contracts import Skill
-from evolve.embedding import Embedder, skill_text
+from evolve.embedding import Embedder, query_vector, skill_text
 
 DATA = Path(__file__).resolve().parent / "data" / "skill_queries.json"
 
@@ -40,9 +40,12 @@ def recall_at_k(sims: np.ndarray, names: list[str], relevant: list[set[str]], k:
 
 
 def encoder_recall(embedder: Embedder, ks: tuple[int, ...] = (1, 5)) -> dict[str, Any]:
-    """recall@k of `embedder` on the labelled set, skills and queries both encoded by it."""
+    """recall@k of `embedder` on the labelled set, as retrieval uses it: skills encoded as documents
+    (`encode`), each query on its own through the query path (`query_vector`: the int8 graph when the
+    embedder has one)."""
     skills, queries, relevant = labelled_set()
-    sims = embedder.encode(queries) @ embedder.encode([skill_text(s) for s in skills]).T
+    qvecs = np.stack([query_vector(embedder, q) for q in queries])
+    sims = qvecs @ embedder.encode([skill_text(s) for s in skills]).T
     names = [s.name for s in skills]
     return {f"recall_at_{k}": round(recall_at_k(sims, names, relevant, k), 3) for k in ks} | {
         "queries": len(queries), "skills": len(skills)}

@@ -55,8 +55,10 @@ def binary_codes(vecs: np.ndarray) -> np.ndarray:
 
 
 def hamming(codes_t: np.ndarray, query: np.ndarray) -> np.ndarray:
-    """(W, N) uint64 codes (word-major), (W,) uint64 query -> (N,) uint32 Hamming distances."""
-    dist = np.bitwise_count(codes_t[0] ^ query[0]).astype(np.uint32)
+    """(W, N) uint64 codes (word-major), (W,) uint64 query -> (N,) Hamming distances, uint16 while they
+    fit (W <= 1024 words): half the bytes of uint32 to add and to partition (~0.15 ms less at 100k)."""
+    dtype = np.uint16 if codes_t.shape[0] * 64 < 2**16 else np.uint32
+    dist = np.bitwise_count(codes_t[0] ^ query[0]).astype(dtype)
     for w in range(1, codes_t.shape[0]):
         dist += np.bitwise_count(codes_t[w] ^ query[w])
     return dist

@@ -1,10 +1,13 @@
 """Hybrid retrieval, the read side the Proxy uses in-process (DESIGN.md's deliberate read-side import).
 
 `MemorySearch.search(query, scopes)`: full text (the store's FTS) and embeddings (the in-process
-`VectorIndex`) each propose `candidates` unit ids; the vector leg (encode the query, then search) runs on
-a helper thread while the full text search runs (the encoder, numpy and SQLite release the GIL). Query
-vectors are cached (LRU, `QUERY_CACHE` texts): an agent's tool-call steps resend the same last user
-message, and a transformer encode is most of the cost on CPU. The proposals' stored rows are fetched in
+`VectorIndex`) each propose `candidates` unit ids; the vector leg (encode the query through the
+embedder's query path, then search) runs on a helper thread while the full text search runs (the
+encoder, numpy and SQLite release the GIL), or with `overlap=False` before it on the calling thread: the
+overlap saves ~1 ms when a core is idle and costs about as much when both are busy (the hand-off to a
+second thread; measured side by side in benchmarks/memory_retrieval.py). Query vectors are cached (LRU,
+`QUERY_CACHE` texts): an agent's tool-call steps resend the same last user message, and the encode is
+most of the cost on CPU. The proposals' stored rows are fetched in
 one query, which drops any unit outside the request's exact scopes, superseded or deleted (the isolation
 check), then fused (memory/fusion.py) on those rows; units are built only for the `top_k` kept.
 Scopes that hold no unit cost one SQL query and no encoding.
@@ -42,6 +45,9 @@ class Embedder(Protocol):
         """(N,) texts -> (N, dim) float32 unit rows."""
         ...
 
+    # Optional: `encode_query(text) -> (dim,)`, a cheaper path for one query in the same space
+    # (SentenceEmbedder's int8 graph); used when present, else `encode([text])[0]`.
+
 
 @dataclass(frozen=True)
 class SearchResult:
@@ -56,14 +62,17 @@ def weights_of(cfg: MemoryConfig) -> FusionWeights:
 
 
 class MemorySearch:
-    """Args: the store, the memory section, and an embedder (None = full text only)."""
+    """Args: the store, the memory section, an embedder (None = full text only), and `overlap`: run the
+    vector leg on a helper thread beside the full-text leg (False: one after the other; see above)."""
 
-    def __init__(self, store: MemoryStore, cfg: MemoryConfig, embedder: Embedder | None = None):
+    def __init__(self, store: MemoryStore, cfg: MemoryConfig, embedder: Embedder | None = None,
+                 overlap: bool = True):
         self.store, self.cfg, self.embedder = store, cfg, embedder
         self.index = (VectorIndex(store, embedder.dim, exact_limit=cfg.exact_search_limit,
                                   encoder_id=embedder.encoder_id) if embedder is not None else None)
         self.weights = weights_of(cfg)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="memory-encode") if embedder is not None else None
+        self._pool = (ThreadPoolExecutor(1, thread_name_prefix="memory-encode")
+                      if embedder is not None and overlap else None)
         self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()  # query text -> vector (LRU)
         self._cache_lock = threading.Lock()
 
@@ -81,10 +90,11 @@ class MemorySearch:
         present = [k for k in keys if k in versions]
         if not present or not query.strip() or self.cfg.top_k == 0:
             return SearchResult([], 0, 0, time.perf_counter() - t0)
-        vector_leg = (self._pool.submit(self._vector_ids, query, present, {k: versions[k] for k in present})
-                      if self._pool is not None else None)
+        legs = (query, present, {k: versions[k] for k in present})
+        vector_leg = self._pool.submit(self._vector_ids, *legs) if self._pool is not None else None
+        vec_ids = self._vector_ids(*legs) if vector_leg is None and self.index is not None else []
         text_ids = self.store.full_text(present, query, self.cfg.candidates, self.cfg.fts_max_df)
-        vec_ids = vector_leg.result() if vector_leg is not None else []
+        vec_ids = vector_leg.result() if vector_leg is not None else vec_ids
         rows = self.store.fetch_rows(list(dict.fromkeys([*text_ids, *vec_ids])), scopes)
         # fuse reads unit_id, kind, updated_at and confidence: the rows carry them, units are built for top_k
         fused = fuse([text_ids, vec_ids], {r[0]: unit_row(r) for r in rows}, now, self.weights)
@@ -107,7 +117,8 @@ class MemorySearch:
             return vec
 
     def _encode(self, query: str) -> np.ndarray:
-        vec = self.embedder.encode([query])[0]  # type: ignore[union-attr]
+        encode_query = getattr(self.embedder, "encode_query", None)
+        vec = encode_query(query) if encode_query is not None else self.embedder.encode([query])[0]  # type: ignore[union-attr]
         with self._cache_lock:
             self._vectors[query] = vec
             while len(self._vectors) > QUERY_CACHE:

@@ -77,6 +77,25 @@ def test_no_request_ever_retrieves_another_owners_unit_with_adversarial_ids(stor
     search.close()
 
 
+def test_the_vector_leg_overlapped_on_a_helper_thread_finds_what_the_sequential_search_finds(store):
+    from core.config import MemoryConfig
+    from memory.retrieval import MemorySearch
+
+    put(store, *[mk(f"fact {i} about kumquat number {i % 7}", "alice", "w") for i in range(40)],
+        mk("an unrelated banana", "alice", "w"))
+    cfg = MemoryConfig(min_similarity=-1.0)
+    sequential, overlapped = MemorySearch(store, cfg, EMB, overlap=False), MemorySearch(store, cfg, EMB)
+    assert sequential._pool is None and overlapped._pool is not None
+    now = 1e9
+    for q in ["kumquat number 3", "banana", "fact 12", "nothing matches zz"]:
+        a = sequential.search(q, request_scopes("alice", "w", "s"), now)
+        b = overlapped.search(q, request_scopes("alice", "w", "s"), now)
+        assert [(u.unit_id, s) for u, s in a.hits] == [(u.unit_id, s) for u, s in b.hits]
+        assert (a.full_text, a.vector) == (b.full_text, b.vector) and a.vector > 0
+    sequential.close()
+    overlapped.close()
+
+
 def test_fetch_is_the_isolation_check_whatever_ids_it_is_given(store):
     a, b = mk("alpha fact", "alice", "w"), mk("beta fact", "bob", "w")
     put(store, a, b)
