@@ -16,12 +16,13 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from core.config import MemoryConfig
 from core.contracts import Turn, TurnType
+from core.text import content_text
 from memory.consolidate import consolidate, same_text
 from memory.extract import OfflineExtractor, working_summary
 from memory.index import VectorIndex, adopt_encoder
@@ -42,14 +43,6 @@ class Extractor(Protocol):
     async def extract(self, entries: Sequence[InboxEntry]) -> list[Candidate]: ...
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return ""
-
-
 def entry_of(turn: Turn, include_default_user: bool) -> InboxEntry | None:
     """The inbox entry for a completed turn, or None when it is not remembered (a side turn, a request
     with `X-Memory-Scope: off`, or the anonymous default user unless configured)."""
@@ -65,7 +58,7 @@ def entry_of(turn: Turn, include_default_user: bool) -> InboxEntry | None:
         if m.get("role") == "assistant":
             new = []
         elif m.get("role") == "user":
-            new.append(_text(m.get("content")))
+            new.append(content_text(m.get("content"), "\n"))
     return InboxEntry(turn.turn_id, turn.session_id, user, workspace, turn.memory_scope, turn.turn_index,
                       turn.created_at, turn.last_in_session, [t for t in new if t.strip()], turn.response_text)
 

@@ -23,13 +23,14 @@ from typing import Any
 
 from core.config import MemoryConfig
 from core.db import DatabaseError
+from core.text import content_text
 from memory.budget import MESSAGE_OVERHEAD_TOKENS, TokenCounter, fit, make_counter, memory_budget, render
 from memory.ingest import DEFAULT_USER
 from memory.open import open_memory_store
 from memory.retrieval import MemorySearch
 from memory.store import MemoryStore
 from memory.units import request_scopes, split_tenant
-from serve.injection import _text, add_to_system, last_user_text
+from serve.injection import add_to_system, last_user_text
 
 log = logging.getLogger("clawray.memory_injection")
 
@@ -37,19 +38,19 @@ log = logging.getLogger("clawray.memory_injection")
 def system_text(body: dict[str, Any], anthropic: bool) -> str:
     """The system prompt's text (OpenAI: a leading system/developer message; Anthropic: `system`)."""
     if anthropic:
-        return _text(body.get("system"))
+        return content_text(body.get("system"))
     msgs = body.get("messages") or []
     first = msgs[0] if msgs else {}
-    return _text(first.get("content")) if first.get("role") in ("system", "developer") else ""
+    return content_text(first.get("content")) if first.get("role") in ("system", "developer") else ""
 
 
 def prompt_tokens(body: dict[str, Any], anthropic: bool, counter: TokenCounter) -> int:
     """Tokens of the whole prompt: every message's text plus template overhead, the Anthropic system
     prompt and the tool definitions (an upper-bound estimate of what the engine will render)."""
     msgs = body.get("messages") or []
-    n = sum(counter.count(_text(m.get("content"))) + MESSAGE_OVERHEAD_TOKENS for m in msgs if isinstance(m, dict))
+    n = sum(counter.count(content_text(m.get("content"))) + MESSAGE_OVERHEAD_TOKENS for m in msgs if isinstance(m, dict))
     if anthropic:
-        n += counter.count(_text(body.get("system"))) + MESSAGE_OVERHEAD_TOKENS
+        n += counter.count(content_text(body.get("system"))) + MESSAGE_OVERHEAD_TOKENS
     if body.get("tools"):
         n += counter.count(json.dumps(body["tools"]))
     return n

@@ -14,17 +14,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from core.text import content_text
+
 TOOL_CALL_ITEMS = ("function_call", "custom_tool_call")
 TOOL_OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output")
-
-
-def _text(content: Any) -> str:
-    """The text of a message's content: a string, or its parts' `text` (input_text, output_text, ...)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return ""
 
 
 def _call(item: dict[str, Any]) -> dict[str, Any]:
@@ -48,12 +41,12 @@ def input_messages(items: Any) -> list[dict[str, Any]]:
     for item in items or []:
         kind = item.get("type", "message")
         if kind == "message":
-            out.append({"role": item.get("role"), "content": _text(item.get("content"))})
+            out.append({"role": item.get("role"), "content": content_text(item.get("content"))})
         elif kind in TOOL_CALL_ITEMS:
             out.append({"role": "assistant", "content": None, "tool_calls": [_call(item)]})
         elif kind in TOOL_OUTPUT_ITEMS:
             out.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                        "content": _text(item.get("output"))})
+                        "content": content_text(item.get("output"))})
     return out
 
 

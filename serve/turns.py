@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.contracts import Turn, TurnType, tool_names
+from core.text import content_text
 from memory.units import SCOPE_CAPS
 from serve.history import params_key
 from serve.protocol import Reply
@@ -69,14 +70,6 @@ def _clean_id(name: str, v: Any) -> str | None:
     return s
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(t for p in content if isinstance(p, dict) and isinstance(t := p.get("text"), str))
-    return ""
-
-
 # Session ids agents send of their own accord, without clawray's X-Session-Id (seen in live runs,
 # tests/integration/test_agents_live.py): a header (Claude Code's; Codex's `session-id`, older Codex
 # `session_id`), or Claude Code's body `metadata.user_id` (JSON text).
@@ -115,8 +108,8 @@ def derive_session_id(tenant: str, client_key: str, messages: list[dict[str, Any
         for m in messages:
             if m.get("role") not in ("system", "developer"):
                 break
-            lead.append(_text(m.get("content")))
-        first_user = next((_text(m.get("content")) for m in messages if m.get("role") == "user"), "")
+            lead.append(content_text(m.get("content"), ""))
+        first_user = next((content_text(m.get("content"), "") for m in messages if m.get("role") == "user"), "")
         key = [tenant, client_key, "\n".join(lead), first_user]
     return f"derived-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]}"
 
