@@ -1,15 +1,17 @@
 """A bridge from inside an agent's private network namespace to a live clawray, recording every HTTP
 exchange that crosses it.
 
-    python agent_bridge.py PORT SOCKET TIMEOUT_S -- COMMAND...      (the inside half, in the namespace)
+    python agent_bridge.py PORT SOCKET TIMEOUT_S [--tty] -- COMMAND...    (the inside half, in the namespace)
 
 tests/integration/test_agents_live.py runs each agent in `unshare -rnpf`: no network but its own loopback,
 and every process it starts dies with it. The inside half listens on 127.0.0.1:PORT there, runs COMMAND
-with a timeout and relays each connection to SOCKET, a unix socket: a path in the file system, which both
-network namespaces see. `Forwarder` (the outside half, in the test's process) accepts on SOCKET and relays
-to clawray's TCP port. Bytes pass unchanged in both directions (the agent reads clawray's own stream
-format); the Forwarder also parses them as they pass (h11, httpx's HTTP/1.1 parser) into one record per
-exchange: method, path, status, the request's JSON body, the response's headers and body.
+with a timeout (its stdin: nothing, or with --tty the terminal the bridge runs in, for an agent driven
+interactively in tmux: tests/integration/agent_tmux.py) and relays each connection to SOCKET, a unix
+socket: a path in the file system, which both network namespaces see. `Forwarder` (the outside half, in
+the test's process) accepts on SOCKET and relays to clawray's TCP port. Bytes pass unchanged in both
+directions (the agent reads clawray's own stream format); the Forwarder also parses them as they pass
+(h11, httpx's HTTP/1.1 parser) into one record per exchange: method, path, status, the request's JSON
+body, the response's headers and body.
 
 Hand-written because this machine has no socat (`command -v socat`): the inside half would be
 `socat TCP-LISTEN:PORT,fork,reuseaddr UNIX-CONNECT:SOCKET`, and socat records nothing.
@@ -60,7 +62,7 @@ async def _relay(a: tuple[asyncio.StreamReader, asyncio.StreamWriter],
 
 # ---- the inside half ------------------------------------------------------------------------------
 
-async def _inside(port: int, sock: str, timeout_s: float, cmd: list[str]) -> int:
+async def _inside(port: int, sock: str, timeout_s: float, cmd: list[str], tty: bool = False) -> int:
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             upstream = await asyncio.open_unix_connection(sock)
@@ -73,7 +75,7 @@ async def _inside(port: int, sock: str, timeout_s: float, cmd: list[str]) -> int
             writer.close()
 
     server = await asyncio.start_server(accept, "127.0.0.1", port)
-    proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.DEVNULL)
+    proc = await asyncio.create_subprocess_exec(*cmd, stdin=None if tty else asyncio.subprocess.DEVNULL)
     try:
         return await asyncio.wait_for(proc.wait(), timeout_s)
     except TimeoutError:
@@ -186,6 +188,7 @@ class Forwarder:
     def __init__(self, sock: Path, host: str, port: int):
         self.sock, self.host, self.port = sock, host, port
         self.exchanges: list[dict[str, Any]] = []
+        self._taps: set[ExchangeTap] = set()  # the connections open now
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="agent-bridge", daemon=True)
@@ -200,6 +203,11 @@ class Forwarder:
     def since(self, mark: int) -> list[dict[str, Any]]:
         with self._lock:
             return list(self.exchanges[mark:])
+
+    def in_flight(self) -> int:
+        """Requests sent and not yet answered to their end, over the connections open now."""
+        with self._lock:
+            return sum(len(t.open) for t in self._taps)
 
     def mark(self) -> int:
         with self._lock:
@@ -226,15 +234,20 @@ class Forwarder:
         except OSError:
             writer.close()
             return
+        with self._lock:
+            self._taps.add(tap)
         try:
             await _relay((reader, writer), upstream, tap.from_agent, tap.from_clawray)
         finally:
+            with self._lock:
+                self._taps.discard(tap)
             tap.closed()
 
 
 def main() -> int:
     port, sock, timeout_s = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
-    return asyncio.run(_inside(port, sock, timeout_s, sys.argv[sys.argv.index("--") + 1:]))
+    cut = sys.argv.index("--")
+    return asyncio.run(_inside(port, sock, timeout_s, sys.argv[cut + 1:], tty="--tty" in sys.argv[4:cut]))
 
 
 if __name__ == "__main__":

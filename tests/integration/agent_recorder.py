@@ -1,19 +1,20 @@
 """A recording model endpoint that answers every model route with a fixed short reply, for watching what a
-real agent sends in interactive use without a clawray (tests/integration/test_agents_interactive.py).
+real agent sends in interactive use without a clawray (how docs/agents.md "Side requests" was recorded:
+the agent in tmux, in a private network namespace with this endpoint on its loopback).
 
     python agent_recorder.py PORT LOG [REPLY] [TOOL_JSON] [PROMPT_TOKENS]
 
 Answers Anthropic `POST /v1/messages`, OpenAI `POST /v1/chat/completions` and `POST /v1/responses`,
 streaming or not, in each API's own format, with REPLY as the assistant's text (default "ok"). TOOL_JSON,
-`{"tool name": {arguments}, ...}`: a request that offers one of these tools and does not end with a tool
-result is answered with a call of it instead (once per step of the user's: not again after its result), so the agent runs a tool as it
-would in real use (and sends what it sends around a tool call); otherwise the reply is text and the
-agent's main loop ends after that step. PROMPT_TOKENS (default 10) is the prompt size the usage reports:
-a large one makes an agent that budgets its context by the reported usage compact its conversation. `GET /v1/models` lists the model the agent asked for
-last; any other path is a 404 (agents' probes of other servers' routes). Each request is one JSON line
-in LOG: method, path, headers, the parsed body. Unlike tests/integration/agent_stub.py (which refuses
-every request so the agent stops at once), an agent here carries on as it would with a model that
-answers, so its auxiliary requests (titles, topic checks, summaries) are sent too.
+`{"tool name": {arguments}, ...}`: a request that offers one of these tools is answered with a call of it
+instead, once per step (not again after its result), so the agent runs a tool as it would in real use and
+sends what it sends around a tool call. PROMPT_TOKENS (default 10) is the prompt size every usage
+reports: a large one makes an agent that budgets its context by the reported usage compact. `GET
+/v1/models` lists the model the agent asked for last; any other path is a 404 (agents' probes of other
+servers' routes). Each request is one JSON line in LOG: method, path, headers, the parsed body. Unlike
+tests/integration/agent_stub.py (which refuses every request so that the agent stops at once), an agent
+here carries on as with a model that answers, so it sends its auxiliary requests (titles, suggestions,
+summaries) too.
 """
 
 from __future__ import annotations

@@ -13,7 +13,10 @@ The tiny model cannot do the task; what is asserted is the protocol:
 - every answered model request is one captured turn, token-exact: its prompt is the token count the
   response reported, its response ids decode to what the agent received;
 - the turns of the agent's run land in sessions derived from the conversation (the agents send no
-  session id), never in a session of another agent.
+  session id), never in a session of another agent;
+- the agent's side requests (titles, suggestions, compaction: SIDE_PHRASES) are answered and stored
+  nowhere, and every other request is a main turn. Two agents also run interactively, in tmux
+  (tests/integration/agent_tmux.py), where they send side requests of their own accord.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from core.contracts import Skill, TurnType
 from evolve.bank import SkillBank
 from serve.turns import agent_session_id
 from tests.integration.agent_bridge import Forwarder
+from tests.integration.agent_tmux import AGENT_PORT, TmuxAgent
 from tests.integration.helpers import session_turns, wait_for
 from tests.integration.test_agents_config import RUNS
 
@@ -48,13 +52,27 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 BRIDGE = Path(__file__).with_name("agent_bridge.py")
 CONTEXT = 65536  # Hermes refuses a window below 64K
-AGENT_PORT = 18080  # inside the agent's namespace: free by construction
 RUN_TIMEOUT_S = 300
 MAX_OUTPUT = 64
 # One agent per API at least: Anthropic Messages, OpenAI Responses, OpenAI Chat Completions (two).
 LIVE = ("claude-code", "codex", "qwen-code", "openclaw", "hermes", "copaw")
 SERVED = ("/v1/chat/completions", "/v1/messages", "/v1/responses", "/v1/models")  # clawray's own routes
 MODEL_ROUTES = ("/v1/chat/completions", "/v1/messages", "/v1/responses")
+# Phrases of the side requests these agents were seen sending (recorded in interactive use, docs/agents.md
+# "Side requests"): the test's own list of what is not the agents' main loop, kept apart from clawray's
+# classifier (serve/side.py) so that the test checks it.
+SIDE_PHRASES = (
+    "Your task is to create a detailed summary of the conversation so far",  # Claude Code: compaction
+    "You are naming a coding session",  # Claude Code: the session title
+    "[SUGGESTION MODE:",  # Qwen Code (and Claude Code): the next-prompt suggestion
+    "Generate a concise, single-line task title", "CONTEXT CHECKPOINT COMPACTION",  # Codex
+    "Generate a concise, sentence-case title", "You are a security classifier for an AI coding agent",
+    "You are the component that summarizes a conversation", "Write a short summary label",
+    "Analyze *only* the content and structure of your immediately preceding response",  # Qwen Code
+    "Generate a short, descriptive title (3-7 words)", "You are a summarization agent creating a context checkpoint",
+    "Review the conversation above and",  # Hermes
+    "Pre-compaction memory flush", "You are a context summarization assistant",  # OpenClaw
+)
 SKILL = Skill(name="answer-exactly", description="When asked to reply with a given word, reply with that word only.",
               body="Reply with exactly the word asked for: no preamble, no punctuation, no tool call.")
 
@@ -217,37 +235,42 @@ def tok(live):
     return AutoTokenizer.from_pretrained(load_config(None).model_path())
 
 
-@pytest.mark.parametrize("name", LIVE)
-def test_real_agent_works_through_clawray(live, tok, tmp_path: Path, name: str):
-    agent = get(name)
-    binary = installed(agent)
-    assert binary is not None, f"{agent.binary} is not installed: `make agents` installs it (make test does)"
-    home = tmp_path / "home"
-    home.mkdir()
-    target = Target(origin=f"http://127.0.0.1:{AGENT_PORT}", api_key=PLACEHOLDER_KEY, key_env=None,
-                    model="clawray-policy", context_window=CONTEXT, headers={"X-User-Id": f"live-{name}"})
-    apply.setup(agent, home, {}, target)
-    before = {t.turn_id for t in session_turns(live["state"])}
-    args, route = RUNS[name]
-    output, exchanges = run_agent(binary, args, home, live["port"])
-    paths = [f"{e['method']} {e['path']} {e['status']}" for e in exchanges]
+def side_exchanges(model: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The agents' side requests among model exchanges, by the test's own list of their prompts' phrases
+    (SIDE_PHRASES: what each agent was seen sending, docs/agents.md), not by clawray's classifier."""
+    return [e for e in model if any(k in json.dumps(e["request"], ensure_ascii=False) for k in SIDE_PHRASES)]
 
+
+def check_exchanges(exchanges: list[dict[str, Any]], route: str, output: str) -> list[dict[str, Any]]:
+    """The agent reached `route`, clawray refused nothing of its traffic, every model exchange ended;
+    returns the model exchanges."""
+    paths = [f"{e['method']} {e['path']} {e['status']}" for e in exchanges]
     model = [e for e in exchanges if e["method"] == "POST" and e["path"].split("?")[0] in MODEL_ROUTES]
     assert any(e["path"].split("?")[0] == route for e in model), f"no POST {route}: {paths}\n{output}"
     refused = [e for e in exchanges if e["path"].split("?")[0] in SERVED and (e["status"] or 500) >= 400]
     assert not refused, [(e["path"], e["status"], e["response_body"][:500]) for e in refused]
     assert all(e["complete"] and not e.get("tap_error") for e in model), paths
+    return model
 
+
+def check_turns(live, tok, before: set[str], model: list[dict[str, Any]], tenant: str | None) -> list:
+    """Each main exchange is one captured main turn, token-exact, the skill injected within the context,
+    in sessions derived per conversation and linked by next states; each side exchange is served and
+    stored nowhere. Returns the run's turns."""
+    side = side_exchanges(model)
+    main = [e for e in model if e not in side]
     seen = [received(e) for e in model]  # the stream format each agent's SDK reads, checked per event
     # A request sent again as it was (an agent retries an empty reply) replaces its turn (serve/sessions.py).
-    bodies = [json.dumps(e["request"], sort_keys=True) for e in model]
-    kept = [i for i in range(len(model)) if bodies[i] not in bodies[i + 1:]]
-    turns = wait_for(lambda: (t := [t for t in session_turns(live["state"]) if t.turn_id not in before])
-                     and len(t) >= len(kept) and t, timeout=60) or []
-    assert len(turns) == len(kept), (len(turns), paths)
+    bodies = [json.dumps(e["request"], sort_keys=True) for e in main]
+    kept = [i for i in range(len(main)) if bodies[i] not in bodies[i + 1:]]
+    wait_for(lambda: len([t for t in session_turns(live["state"]) if t.turn_id not in before]) >= len(kept),
+             timeout=60)
+    time.sleep(2 if side else 0)  # a side turn, were it stored, would be by the end of its stream
+    turns = [t for t in session_turns(live["state"]) if t.turn_id not in before]
+    assert len(turns) == len(kept), (len(turns), len(kept), len(side))
     pending, pairs = list(turns), []
     for i in kept:  # each exchange is one turn: the text the agent got, token-exact
-        text, prompt_tokens = seen[i]
+        text, prompt_tokens = seen[model.index(main[i])]
         turn = next((t for t in pending if t.response_text == text
                      and prompt_tokens in (None, len(t.prompt_ids))), None)
         assert turn is not None, (text, prompt_tokens, [(t.response_text, len(t.prompt_ids)) for t in pending])
@@ -256,43 +279,68 @@ def test_real_agent_works_through_clawray(live, tok, tmp_path: Path, name: str):
         assert text in tok.decode(turn.response_ids, skip_special_tokens=True) or turn.tool_calls
         assert turn.max_tokens_granted <= MAX_OUTPUT and len(turn.response_ids) <= MAX_OUTPUT
         assert turn.session_id.startswith("derived-")  # the agent sent no clawray session id
-        assert turn.turn_type == TurnType.main  # every request these agents sent is their main loop's
+        assert turn.turn_type == TurnType.main  # what is left after the side requests is the main loop
         # Injected into the agent's own system prompt, within the context (with any skill the fast loop has
         # evolved from the earlier agents' failed sessions meanwhile).
         assert SKILL.name in turn.skills
         assert len(turn.prompt_ids) + turn.max_tokens_granted <= CONTEXT
-    if agent.headers:
-        assert {t.tenant for t in turns} == {f"live-{name}/default"}
+    # Side requests: served like any, and no turn holds one (never stored, scored or trained on).
+    assert not any(k in json.dumps(t.messages, ensure_ascii=False) for t in turns for k in SIDE_PHRASES)
+    if tenant is not None:
+        assert {t.tenant for t in turns} == {tenant}
     # One session per conversation: the agent's own conversation id where it sends one.
-    own = {agent_session_id(e["request_headers"], e["request"]) for e in model}
+    own = {agent_session_id(e["request_headers"], e["request"]) for e in main}
     if None not in own:
         assert len({t.session_id for t in turns}) == len(own), own
-    print(f"\n[live] {name}: {len(exchanges)} requests ({', '.join(sorted({p.rsplit(' ', 1)[0] for p in paths}))}), "
-          f"{len(turns)} turns in {len({t.session_id for t in turns})} session(s), prompts "
-          f"{min(len(t.prompt_ids) for t in turns)}-{max(len(t.prompt_ids) for t in turns)} tokens, skills "
-          f"{sorted({s for t in turns for s in t.skills})}, linked {sum(bool(t.next_state) for t in turns)}, "
-          f"fitted {sum(t.context is not None for t in turns)}")
     # A reply the agent sent back in a later request (a continuation) links its turn to that request.
     for i, turn in pairs:
         text = turn.response_text.strip()
-        later = [t for j, t in pairs if j > i and text and text in assistant_texts(model[j]["request"])]
+        later = [t for j, t in pairs if j > i and text and text in assistant_texts(main[j]["request"])]
         if later:
             assert turn.next_state and {t.session_id for t in later} == {turn.session_id}, (i, turn.next_state)
     others = {t.session_id for t in session_turns(live["state"]) if t.turn_id in before}
     assert not others & {t.session_id for t in turns}  # never merged with another agent's sessions
+    return turns
+
+
+def report(name: str, exchanges: list[dict[str, Any]], model: list[dict[str, Any]], turns: list) -> None:
+    paths = sorted({f"{e['method']} {e['path']}" for e in exchanges})
+    print(f"\n[live] {name}: {len(exchanges)} requests ({', '.join(paths)}), {len(side_exchanges(model))} side, "
+          f"{len(turns)} turns in {len({t.session_id for t in turns})} session(s), prompts "
+          f"{min(len(t.prompt_ids) for t in turns)}-{max(len(t.prompt_ids) for t in turns)} tokens, skills "
+          f"{sorted({s for t in turns for s in t.skills})}, linked {sum(bool(t.next_state) for t in turns)}, "
+          f"fitted {sum(t.context is not None for t in turns)}")
+
+
+def agent_home(tmp_path: Path, name: str, user: str) -> Path:
+    home = tmp_path / "home"
+    home.mkdir()
+    target = Target(origin=f"http://127.0.0.1:{AGENT_PORT}", api_key=PLACEHOLDER_KEY, key_env=None,
+                    model="clawray-policy", context_window=CONTEXT, headers={"X-User-Id": user})
+    apply.setup(get(name), home, {}, target)
+    return home
+
+
+@pytest.mark.parametrize("name", LIVE)
+def test_real_agent_works_through_clawray(live, tok, tmp_path: Path, name: str):
+    agent = get(name)
+    binary = installed(agent)
+    assert binary is not None, f"{agent.binary} is not installed: `make agents` installs it (make test does)"
+    home = agent_home(tmp_path, name, f"live-{name}")
+    before = {t.turn_id for t in session_turns(live["state"])}
+    args, route = RUNS[name]
+    output, exchanges = run_agent(binary, args, home, live["port"])
+    model = check_exchanges(exchanges, route, output)
+    turns = check_turns(live, tok, before, model, f"live-{name}/default" if agent.headers else None)
+    report(name, exchanges, model, turns)
 
 
 def test_claude_code_compaction_is_a_side_turn(live, tmp_path: Path):
     """Claude Code's `/compact` sends a side request (a summary of the conversation, not a step of its main
-    loop): served like any request, never stored or trained on (serve/turns.py AGENT_SIDE_MARKERS)."""
-    from serve.turns import AGENT_SIDE_MARKERS
-
+    loop): served like any request, never stored or trained on (serve/side.py)."""
+    compacting = SIDE_PHRASES[0]
     binary = installed(get("claude-code"))
-    home = tmp_path / "home"
-    home.mkdir()
-    target = Target(origin=f"http://127.0.0.1:{AGENT_PORT}", api_key=PLACEHOLDER_KEY, key_env=None,
-                    model="clawray-policy", context_window=CONTEXT, headers={"X-User-Id": "live-compact"})
-    apply.setup(get("claude-code"), home, {}, target)
+    home = agent_home(tmp_path, "claude-code", "live-compact")
     before = {t.turn_id for t in session_turns(live["state"])}
     args, _ = RUNS["claude-code"]
     exchanges = []
@@ -302,10 +350,61 @@ def test_claude_code_compaction_is_a_side_turn(live, tmp_path: Path):
     assert main_turns and all(t.turn_type == TurnType.main for t in main_turns)
     output, compaction = run_agent(binary, ["--continue", "-p", "/compact"], home, live["port"])
     model = [e for e in compaction if e["method"] == "POST" and e["path"].startswith("/v1/messages")]
-    marked = [e for e in model if any(k in json.dumps(e["request"]) for k in AGENT_SIDE_MARKERS)]
+    marked = [e for e in model if compacting in json.dumps(e["request"])]
     assert marked, f"no compaction request: {output}"  # the agent really compacted through clawray
     assert all(e["status"] == 200 and e["complete"] for e in model), [(e["status"], e["response_body"][:300]) for e in model]
     time.sleep(2)  # a turn would have been stored before the stream's end
     after = [t for t in session_turns(live["state"]) if t.turn_id not in before]
     assert len(after) == len(main_turns), "a compaction request was stored as a turn"
-    assert not any(k in json.dumps(t.messages) for t in after for k in AGENT_SIDE_MARKERS)
+    assert not any(compacting in json.dumps(t.messages) for t in after)
+
+
+# Interactive use, in tmux (issue 16 item 5): per agent, what its UI shows once it takes input, what its
+# first start asks that setup does not answer (written beforehand, as a user's earlier run would have
+# left it), and the side request it sends of its own accord for one typed prompt.
+# Qwen Code's and Hermes's own side requests wait for a reply the tiny model does not give (a second model
+# turn; a final answer): their shapes are checked in tests/unit/test_serve_side.py.
+INTERACTIVE = {
+    "claude-code": ("shift+tab to cycle", "You are naming a coding session"),  # the session title
+    "codex": ("Ask Codex to do anything", "Generate a concise, single-line task title"),  # the thread title
+}
+TYPED = "Reply with the word ok."
+
+
+def first_run_answered(name: str, home: Path, work: Path) -> None:
+    if name == "claude-code":  # onboarding (theme, notes) and the folder trust dialog, already answered
+        (home / ".claude.json").write_text(json.dumps(
+            {"hasCompletedOnboarding": True, "theme": "dark", "projects": {str(work): {"hasTrustDialogAccepted": True}}}))
+    elif name == "codex":  # the folder trust dialog, answered in Codex's own config
+        with open(home / ".codex" / "config.toml", "a") as fh:
+            fh.write(f'\n[projects."{work}"]\ntrust_level = "trusted"\n')
+
+
+@pytest.mark.parametrize("name", INTERACTIVE)
+def test_real_agent_in_interactive_use_sends_side_requests_that_are_never_trained_on(live, tok, tmp_path: Path,
+                                                                                     name: str):
+    """The agent's terminal UI, driven in tmux: one typed prompt. Its own side request (the session or
+    thread title) reaches clawray and is answered, and is stored nowhere; its main-loop requests are main
+    turns, token-exact, with the skill, in one session for the one conversation."""
+    agent = get(name)
+    binary = installed(agent)
+    assert binary is not None, f"{agent.binary} is not installed: `make agents` installs it (make test does)"
+    home = agent_home(tmp_path, name, f"live-tty-{name}")
+    work = tmp_path / "work"
+    work.mkdir()
+    first_run_answered(name, home, work)
+    ready, phrase = INTERACTIVE[name]
+    before = {t.turn_id for t in session_turns(live["state"])}
+    with TmuxAgent(binary, [], home, work, live["port"], RUN_TIMEOUT_S) as tty:
+        assert tty.wait_screen(ready, 120), tty.screen()
+        tty.type(TYPED)
+        sent = tty.wait_settled(lambda ex: any(phrase in json.dumps(e["request"]) for e in ex if e["request"]),
+                                quiet_s=10, timeout=RUN_TIMEOUT_S)
+        screen, exchanges = tty.screen(), tty.exchanges()
+    assert sent, f"no side request with {phrase!r}: {[(e['method'], e['path']) for e in exchanges]}\n{screen}"
+    model = check_exchanges(exchanges, RUNS[name][1], screen)
+    side = side_exchanges(model)
+    assert side and len(side) < len(model), (len(side), len(model))
+    turns = check_turns(live, tok, before, model, f"live-tty-{name}/default")
+    assert len({t.session_id for t in turns}) == 1  # one conversation, one session
+    report(f"{name} (interactive)", exchanges, model, turns)

@@ -1,0 +1,99 @@
+"""A real agent's interactive terminal UI, driven in tmux, inside the private network namespace and through
+the recording bridge that tests/integration/test_agents_live.py runs headless agents in
+(tests/integration/agent_bridge.py, with --tty: the agent's stdin is the tmux pane).
+
+Interactive use is where agents send most of their side requests (titles, next-prompt suggestions,
+compaction, ...): a headless `-p` run sends few of them or none. The tmux server is a private one (its
+own socket in a temporary folder), so no other tmux session on the machine is seen or touched, and
+closing kills that server, whose pane holds the namespace: every process of the agent ends with it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.integration.agent_bridge import Forwarder
+
+BRIDGE = Path(__file__).with_name("agent_bridge.py")
+AGENT_PORT = 18080  # inside the agent's namespace: free by construction
+COLUMNS, ROWS = 200, 50
+
+
+class TmuxAgent:
+    """`with TmuxAgent(...) as tty:` starts the agent in a tmux pane of its own; `type`, `screen`,
+    `wait_screen`, `wait_settled` drive and watch it; `exchanges` are the HTTP exchanges recorded so far."""
+
+    def __init__(self, binary: str, args: list[str], home: Path, cwd: Path, clawray_port: int,
+                 timeout_s: float = 300, env: dict[str, str] | None = None):
+        self.dir = Path(tempfile.mkdtemp(prefix="cr-tty-", dir="/tmp"))  # unix socket paths: ~108 bytes
+        self.tmux = ["tmux", "-S", str(self.dir / "tmux")]
+        self.forwarder = Forwarder(self.dir / "s", "127.0.0.1", clawray_port)
+        env = {"PATH": os.environ["PATH"], "HOME": str(home), "TMPDIR": str(home), "TERM": "xterm-256color",
+               "LANG": "C.UTF-8", **(env or {})}
+        self.command = ["env", "-i", *(f"{k}={v}" for k, v in env.items()),
+                        "unshare", "-rnpf", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
+                        sys.executable, str(BRIDGE), str(AGENT_PORT), str(self.dir / "s"), str(timeout_s),
+                        "--tty", "--", binary, *args]
+        self.cwd = cwd
+
+    def __enter__(self) -> TmuxAgent:
+        self.forwarder.start()
+        subprocess.run([*self.tmux, "new-session", "-d", "-x", str(COLUMNS), "-y", str(ROWS), "-c", str(self.cwd),
+                        shlex.join(self.command)], check=True, timeout=30)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run([*self.tmux, "kill-server"], capture_output=True, timeout=30)
+        time.sleep(0.5)  # the relay reports an exchange when its last byte has passed
+        self.forwarder.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def screen(self) -> str:
+        p = subprocess.run([*self.tmux, "capture-pane", "-p"], capture_output=True, text=True, timeout=30)
+        return p.stdout
+
+    def wait_screen(self, text: str, timeout: float = 120) -> bool:
+        """Until the pane shows `text` (the agent's UI reached that state)."""
+        return self._poll(lambda: text in self.screen(), timeout)
+
+    def type(self, text: str) -> None:
+        """Type `text` into the agent's prompt box and submit it: Enter only once the text is shown, so the
+        agent reads it as typed, not as a paste that ends in a newline."""
+        subprocess.run([*self.tmux, "send-keys", "-l", text], check=True, timeout=30)
+        assert self.wait_screen(text[:40], 30), self.screen()
+        subprocess.run([*self.tmux, "send-keys", "Enter"], check=True, timeout=30)
+
+    def exchanges(self) -> list[dict[str, Any]]:
+        return self.forwarder.since(0)
+
+    def wait_settled(self, done: Callable[[list[dict[str, Any]]], bool], quiet_s: float = 8,
+                     timeout: float = 300) -> bool:
+        """Until `done(exchanges)` holds and for `quiet_s` seconds no request was open and none ended (an
+        agent's background requests come a moment after the reply it shows)."""
+        last, since = -1, time.monotonic()
+
+        def settled() -> bool:
+            nonlocal last, since
+            ex = self.exchanges()
+            if len(ex) != last or self.forwarder.in_flight():
+                last, since = len(ex), time.monotonic()
+            return done(ex) and time.monotonic() - since >= quiet_s
+        return self._poll(settled, timeout)
+
+    @staticmethod
+    def _poll(check: Callable[[], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if check():
+                return True
+            time.sleep(0.5)
+        return check()
