@@ -39,7 +39,8 @@ setup: $(STAMP) $(MODEL)
 # The instruction-following tiny model (issue 18; ~8 minutes once on 2 cores): `clawray bench --model
 # tiny-instruct`. The script's own fingerprint decides whether it retrains.
 INSTRUCT := .cache/tiny-instruct/clawray-build.json
-$(INSTRUCT): $(MODEL) scripts/make_instruct_model.py harness/corpus.py evolve/evolvers.py evolve/retrieval.py
+$(INSTRUCT): $(MODEL) scripts/make_instruct_model.py scripts/instruct_eval.py harness/corpus.py evolve/evolvers.py \
+		evolve/retrieval.py evolve/text.py serve/injection.py
 	$(BIN)/python scripts/make_instruct_model.py
 
 instruct-model: $(INSTRUCT)

@@ -1,18 +1,24 @@
 """Build the instruction-following tiny model (issue 18 item 1): nothing downloaded, nothing committed.
 
-A 3-layer, hidden-192 Qwen2 (~2.5M parameters) with the tiny chat model's tokenizer (scripts/
-make_tiny_model.py, built first), trained from scratch on CPU on `harness.corpus` (chats exactly as
-clawray serves them, skills block included; the loss on the reply only) so that it follows a rule a
-skill states and, without one, can only guess which rule the user wants. Seeded and cached: the folder's
-`clawray-build.json` records a fingerprint of this script, the corpus and the evolver that writes the
-skills; a second run with the same inputs does nothing. ~10 minutes once on 2 cores (rich progress).
+A small Qwen2 with the tiny chat model's tokenizer (scripts/make_tiny_model.py, built first), trained from
+scratch on CPU on `harness.corpus` (chats exactly as clawray serves them, skills block included) so that
+it follows a rule a skill states and, without one, can only guess which rule the user wants. Two phases:
+short chats (skills block and question) to learn the rules, then the full served format. Seeded and
+cached: the folder's `clawray-build.json` records a fingerprint of the settings, this script, the corpus
+and the code that writes the skills; a second run with the same inputs does nothing. About 9 minutes once
+on 2 cores (rich progress bar).
 
-At the end it measures, by greedy decoding, on held-out corpus chats and on the rounds of
-workloads/clawray-mini it can do (multiple choice and status updates; file-writing tool calls are not
-taught): how often the reply is right with the rule in the prompt (as a skill) and without it. Those
-numbers go into `clawray-build.json` (`eval`), and docs/bench.md says what the model can and cannot do.
+Where the compute goes: the loss is on the replies only (~20 tokens of ~500), so the LM head runs on the
+reply positions alone, matmuls run in bf16 autocast (fp32 weights), batches are filled to a token budget
+(short chats come many to a batch), and a chat's previous reply is a supervised target too where it is as
+right as the last one (`Example.history_right`).
 
-Usage: python scripts/make_instruct_model.py [--out .cache/tiny-instruct] [--steps 700] [--force]
+At the end it measures (scripts/instruct_eval.py) by greedy decoding how often the reply is exactly right
+on held-out corpus chats, per family, with the rule in the prompt (told) and without it, and plays
+workloads/clawray-mini offline as the driver does, with and without the skills its feedback distils. The
+numbers go into `clawray-build.json` (`eval`); docs/bench.md says what the model can and cannot do.
+
+Usage: python scripts/make_instruct_model.py [--out .cache/tiny-instruct] [--steps N] [--force]
 """
 
 from __future__ import annotations
@@ -33,15 +39,16 @@ sys.path.insert(0, str(REPO))
 BASE = REPO / ".cache" / "tiny-chat"
 DEFAULT_OUT = REPO / ".cache" / "tiny-instruct"
 SEED = 1234
-SOURCES = ("scripts/make_instruct_model.py", "harness/corpus.py", "evolve/evolvers.py", "evolve/retrieval.py")
+SOURCES = ("scripts/make_instruct_model.py", "scripts/instruct_eval.py", "harness/corpus.py",
+           "evolve/evolvers.py", "evolve/retrieval.py", "evolve/text.py", "serve/injection.py")
 SHAPE = {"hidden_size": 192, "intermediate_size": 768, "num_hidden_layers": 3, "num_attention_heads": 4,
          "num_key_value_heads": 2}
-MAX_TOKENS = 768  # longer chats are left out of training (the corpus' p99 is ~700)
+MAX_TOKENS = 1152  # longer chats are left out of training (served chats with 5 skills reach ~1,100)
 
 
 def fingerprint(args: argparse.Namespace) -> str:
-    h = hashlib.sha256(json.dumps({"steps": args.steps, "batch": args.batch, "lr": args.lr,
-                                   "seed": args.seed}).encode())
+    keys = ("steps", "short_frac", "batch_tokens", "lr", "prompt_weight", "seed", "shape", "eval_n")
+    h = hashlib.sha256(json.dumps({k: getattr(args, k) for k in keys}, sort_keys=True).encode())
     for s in SOURCES:
         h.update((REPO / s).read_bytes())
     h.update((BASE / "clawray-build.json").read_bytes())
@@ -55,67 +62,148 @@ def is_built(out: Path, fp: str) -> bool:
         return False
 
 
-def encode(tok, ex) -> tuple[list[int], list[int]]:
-    """(prompt ids as the engine sees them, reply ids ending with <|im_end|>)."""
-    prompt = tok.apply_chat_template(ex.messages, add_generation_prompt=True, tokenize=True)
-    prompt = prompt["input_ids"] if hasattr(prompt, "keys") else list(prompt)
-    return prompt, tok(ex.reply + "<|im_end|>", add_special_tokens=False)["input_ids"]
+def _ids(x) -> list[int]:
+    return list(x["input_ids"] if hasattr(x, "keys") else x)
 
 
-def batches(data: list[tuple[list[int], list[int]]], batch: int, rng: random.Random) -> list[list[int]]:
-    """Index batches of similar length (little padding): shuffle, sort within chunks of 16 batches."""
+def encode(tok, ex, history: bool = True) -> tuple[list[int], list[int]]:
+    """(token ids of the served prompt followed by the reply and <|im_end|>, target positions): the reply's
+    tokens, and those of the previous reply when `history` and the example says it is right too. The prompt
+    ids are exactly what the engine renders (the chat template), so is the previous reply's span in them."""
+    prompt = _ids(tok.apply_chat_template(ex.messages, add_generation_prompt=True, tokenize=True))
+    reply = _ids(tok(ex.reply + "<|im_end|>", add_special_tokens=False))
+    targets = list(range(len(prompt), len(prompt) + len(reply)))
+    if history and ex.history_right:
+        head = _ids(tok.apply_chat_template(ex.messages[:-2], add_generation_prompt=True, tokenize=True))
+        prev = _ids(tok(ex.messages[-2]["content"] + "<|im_end|>", add_special_tokens=False))
+        if prompt[:len(head) + len(prev)] == head + prev:  # the span as rendered (always, for ChatML)
+            targets = list(range(len(head), len(head) + len(prev))) + targets
+    return prompt + reply, targets
+
+
+PAD_TO = 64  # sequence lengths and target counts are padded to a multiple of this
+
+
+def _padded(n: int) -> int:
+    return -(-n // PAD_TO) * PAD_TO
+
+
+def batches(data: list[tuple[list[int], list[int]]], budget: int, rng: random.Random) -> list[list[int]]:
+    """Index batches of chats of one padded length L, budget // L of them (a few shapes only: oneDNN compiles
+    a kernel per shape, and a new shape every step cost time and gigabytes)."""
+    by_len: dict[int, list[int]] = {}
     idx = list(range(len(data)))
     rng.shuffle(idx)
-    out = []
-    for i in range(0, len(idx), batch * 16):
-        chunk = sorted(idx[i:i + batch * 16], key=lambda j: len(data[j][0]) + len(data[j][1]))
-        out += [chunk[k:k + batch] for k in range(0, len(chunk), batch)]
+    for j in idx:
+        by_len.setdefault(_padded(len(data[j][0])), []).append(j)
+    out: list[list[int]] = []
+    for n, js in by_len.items():
+        size = max(1, budget // n)
+        out += [js[k:k + size] for k in range(0, len(js), size)]
     rng.shuffle(out)
     return out
 
 
-def collate(rows: list[tuple[list[int], list[int]]], pad: int):
+def collate(rows: list[tuple[list[int], list[int]]], pad: int, budget: int | None = None):
+    """ids (B, L), attention mask (B, L), and the (row, position) of every target token, padded to a multiple
+    of PAD_TO with position 0 (its loss is masked by `reply_loss`'s target -100). With `budget`, B is the
+    batch size that padded length always gets (short batches are filled with padding rows)."""
     import torch
 
-    n = max(len(p) + len(r) for p, r in rows)
-    ids = torch.full((len(rows), n), pad, dtype=torch.long)
-    labels = torch.full((len(rows), n), -100, dtype=torch.long)
-    mask = torch.zeros((len(rows), n), dtype=torch.long)
-    for i, (p, r) in enumerate(rows):
-        seq = p + r
+    n = _padded(max(len(s) for s, _ in rows))
+    b = max(len(rows), budget // n) if budget else len(rows)
+    ids = torch.full((b, n), pad, dtype=torch.long)
+    mask = torch.zeros((b, n), dtype=torch.long)
+    mask[:, 0] = 1  # a padding row attends to one token (all-masked rows give NaN in SDPA)
+    rows_ix, pos_ix = [], []
+    for i, (seq, targets) in enumerate(rows):
         ids[i, :len(seq)] = torch.tensor(seq)
-        labels[i, len(p):len(seq)] = torch.tensor(r)
         mask[i, :len(seq)] = 1
-    return ids, labels, mask
+        rows_ix += [i] * len(targets)
+        pos_ix += targets
+    extra = _padded(len(pos_ix)) - len(pos_ix) if budget else 0
+    return ids, mask, torch.tensor(rows_ix + [0] * extra), torch.tensor(pos_ix + [0] * extra)
+
+
+def reply_loss(model, ids, mask, rows, pos, prompt_weight: float = 0.0):
+    """(loss, the replies' part): the mean cross-entropy of the target tokens (the replies), plus `prompt_weight` times the mean over every
+    other real token: next-token prediction on the prompts is a signal for free (the forward pass runs over
+    them anyway) that teaches the structure the replies need (copying, which option line is which).
+    Without it the LM head runs on the targets' predecessors only."""
+    import torch
+
+    hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, L, H)
+    real = pos > 0  # position 0 is padding (never a target)
+    if not prompt_weight:
+        logits = model.lm_head(hidden[rows, pos - 1])  # (N, V): position t-1 predicts token t
+        target = torch.where(real, ids[rows, pos], -100)
+        loss = torch.nn.functional.cross_entropy(logits.float(), target, ignore_index=-100)
+        return loss, loss.detach()
+    logits = model.lm_head(hidden[:, :-1])  # (B, L-1, V)
+    ce = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten(),
+                                           reduction="none").view(ids.shape[0], -1)
+    reply = torch.zeros_like(mask, dtype=torch.bool)
+    reply[rows[real], pos[real]] = True
+    other = mask.bool() & ~reply
+    other[:, 0] = False
+    on_reply = ce[reply[:, 1:]].mean()
+    return on_reply + prompt_weight * ce[other[:, 1:]].mean(), on_reply.detach()
+
+
+def phase_data(tok, phase: str, tokens: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    """Encoded chats of `phase` until they hold about `tokens` tokens (plus a margin for padding)."""
+    from harness.corpus import examples
+
+    out, total = [], 0
+    for ex in examples(10 ** 9, seed, phase):
+        d = encode(tok, ex)
+        if len(d[0]) > MAX_TOKENS:
+            continue
+        out.append(d)
+        total += len(d[0])
+        if total >= tokens:
+            return out
+    return out
+
+
+def new_model(tok_dir: Path, shape: dict[str, int]):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    base = json.loads((tok_dir / "config.json").read_text())
+    cfg = Qwen2Config(vocab_size=base["vocab_size"], max_position_embeddings=base["max_position_embeddings"],
+                      tie_word_embeddings=True, eos_token_id=base["eos_token_id"], pad_token_id=base["pad_token_id"],
+                      bos_token_id=None, torch_dtype="float32", **shape)
+    return Qwen2ForCausalLM(cfg)
 
 
 def train(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     import torch
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoTokenizer, GenerationConfig
 
-    from harness.corpus import examples
+    from scripts.instruct_eval import evaluate
 
     torch.manual_seed(args.seed)
     tok = AutoTokenizer.from_pretrained(BASE)
-    base_cfg = json.loads((BASE / "config.json").read_text())
-    cfg = Qwen2Config(vocab_size=base_cfg["vocab_size"], max_position_embeddings=base_cfg["max_position_embeddings"],
-                      tie_word_embeddings=True, eos_token_id=base_cfg["eos_token_id"],
-                      pad_token_id=base_cfg["pad_token_id"], bos_token_id=None, torch_dtype="float32", **SHAPE)
-    model = Qwen2ForCausalLM(cfg)
+    model = new_model(BASE, args.shape)
     rng = random.Random(args.seed)
-    data = [d for d in (encode(tok, e) for e in examples(args.steps * args.batch, args.seed))
-            if len(d[0]) + len(d[1]) <= MAX_TOKENS]
-    plan = batches(data, args.batch, rng)
-    while len(plan) < args.steps:
-        plan += batches(data, args.batch, rng)
+    n_short = round(args.steps * args.short_frac)
+    plan: list[tuple[list, list[int]]] = []  # (the phase's data, one batch of indices into it)
+    for phase, n, seed in (("short", n_short, args.seed), ("served", args.steps - n_short, args.seed + 7)):
+        if n == 0:
+            continue
+        data = phase_data(tok, phase, n * args.batch_tokens, seed)
+        cut = batches(data, args.batch_tokens, rng)
+        while len(cut) < n:
+            cut += batches(data, args.batch_tokens, rng)
+        plan += [(data, b) for b in cut[:n]]
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
-    warm = max(1, args.steps // 20)
+    warm = max(1, args.steps // 25)
 
     def lr_at(step: int) -> float:
         if step < warm:
             return (step + 1) / warm
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, args.steps - warm)))
+        return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, args.steps - warm)))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     model.train()
@@ -124,93 +212,32 @@ def train(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     cols = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
             TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*cols) as progress:
-        task = progress.add_task("training the instruction-following tiny model", total=args.steps)
-        for step in range(args.steps):
-            ids, labels, mask = collate([data[j] for j in plan[step]], cfg.pad_token_id)
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        bar = progress.add_task("training the instruction-following tiny model", total=args.steps)
+        for step, (data, b) in enumerate(plan):
+            ids, mask, rows, pos = collate([data[j] for j in b], model.config.pad_token_id, args.batch_tokens)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss, on_reply = reply_loss(model, ids, mask, rows, pos, args.prompt_weight)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
-            losses.append(loss.item())
+            losses.append(on_reply.item())
             recent = sum(losses[-20:]) / len(losses[-20:])
-            progress.update(task, advance=1, description=f"training the instruction-following tiny model "
-                                                         f"(loss {recent:.3f})")
+            phase = "short" if step < n_short else "served"
+            progress.update(bar, advance=1, description=f"training the instruction-following tiny model "
+                                                        f"({phase} chats, reply loss {recent:.3f})")
+    train_s = time.time() - t0
     model.eval()
     model.save_pretrained(tmp, safe_serialization=True)
-    GenerationConfig(eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id, do_sample=True).save_pretrained(tmp)
+    GenerationConfig(eos_token_id=model.config.eos_token_id, pad_token_id=model.config.pad_token_id,
+                     do_sample=True).save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    return {"train_s": round(time.time() - t0, 1), "examples": len(data), "final_loss": round(sum(losses[-50:]) / 50, 4),
-            "eval": evaluate(model, tok, args.seed + 1)}
-
-
-# ------------------------------------------------------------------------------------ evaluation
-def reply(model, tok, messages: list[dict[str, Any]], max_new_tokens: int = 24) -> str:
-    import torch
-
-    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    ids = ids["input_ids"] if hasattr(ids, "keys") else list(ids)
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=model.config.eos_token_id, pad_token_id=model.config.pad_token_id)
-    return tok.decode(out[0, len(ids):], skip_special_tokens=True)
-
-
-def right(family: str, rule: str, spec: dict[str, Any], text: str) -> bool:
-    from rewards.checkers import evaluate as check
-
-    if family == "status":
-        letters = [c for c in text if c.isalpha()]
-        return bool(letters) and all(c.islower() if rule == "lower" else c.isupper() for c in letters)
-    return check(spec, text, None).passed
-
-
-def evaluate(model, tok, seed: int, n: int = 160) -> dict[str, Any]:
-    """Greedy replies on held-out corpus chats (told / not told) and on the workload's rounds."""
-    from harness.corpus import examples
-
-    told = {"right": 0, "n": 0}
-    untold = {"right": 0, "n": 0}
-    for ex in examples(n, seed):
-        bucket = told if ex.told else untold
-        bucket["n"] += 1
-        bucket["right"] += right(ex.family, ex.rule, ex.spec, reply(model, tok, ex.messages))
-    return {"corpus_told": told["right"] / max(1, told["n"]), "corpus_untold": untold["right"] / max(1, untold["n"]),
-            "corpus_n": n, "workload": workload_eval(model, tok)}
-
-
-def workload_eval(model, tok) -> dict[str, Any]:
-    """workloads/clawray-mini's multiple-choice and status rounds, as the driver asks them (persona, no
-    feedback prefix), without skills and with the skills the feedback evolver distils from the rounds'
-    own feedback (what the user's preferences are)."""
-    from evolve.evolvers import Failure, FeedbackEvolver
-    from evolve.retrieval import render_skills_block
-    from harness.workload import load_workload
-    from rewards.checkers import evaluate as check
-    from serve.injection import add_to_system
-
-    w = load_workload(REPO / "workloads" / "clawray-mini")
-    rounds = [r for d in w.days for r in d.rounds if r.type in ("multi_choice", "lowercase")]
-    skills: list = []
-    for i, r in enumerate(rounds):
-        fb = r.feedback.get("incorrect") or next(iter((r.feedback.get("options") or {}).values()), "")
-        wrong = [t for k, t in sorted((r.feedback.get("options") or {}).items()) if k not in r.eval.get("answer", [])]
-        fb = wrong[0] if wrong else fb
-        for s in FeedbackEvolver().distil([Failure(r.question, "", fb, -1.0, f"w{i}", f"w{i}")], skills):
-            skills = [x for x in skills if x.name != s.name] + [s]  # a lesson seen again: the same skill
-    out: dict[str, Any] = {"rounds": len(rounds), "skills": [s.name for s in skills]}
-    for label, with_skills in (("without_skills", False), ("with_skills", True)):
-        scores, passed = [], 0
-        for r in rounds:
-            body = {"messages": [{"role": "system", "content": w.persona()}, {"role": "user", "content": r.question}]}
-            if with_skills:
-                add_to_system(body, render_skills_block(skills), anthropic=False)
-            res = check(r.eval_spec(), reply(model, tok, body["messages"]), None)
-            scores.append(res.score)
-            passed += res.passed
-        out[label] = {"accuracy": sum(scores) / len(scores), "completion": passed / len(scores)}
-    return out
+    t1 = time.time()
+    ev = evaluate(model, tok, args.seed + 1, n=args.eval_n, short=args.short_frac > 0)
+    return {"train_s": round(train_s, 1), "s_per_step": round(train_s / args.steps, 3), "eval_s": round(time.time() - t1, 1),
+            "chats": sum(len(b) for _, b in plan), "final_loss": round(sum(losses[-50:]) / len(losses[-50:]), 4),
+            "eval": ev}
 
 
 def make(args: argparse.Namespace) -> dict[str, Any]:
@@ -220,8 +247,10 @@ def make(args: argparse.Namespace) -> dict[str, Any]:
         return json.loads((out / "clawray-build.json").read_text())
     from scripts.make_tiny_model import build_into
 
-    info: dict[str, Any] = {"fingerprint": fp, "seed": args.seed, "steps": args.steps, "batch": args.batch,
-                            "lr": args.lr, "shape": SHAPE}
+    info: dict[str, Any] = {"fingerprint": fp, "seed": args.seed, "steps": args.steps,
+                            "short_frac": args.short_frac, "batch_tokens": args.batch_tokens, "lr": args.lr,
+                            "prompt_weight": args.prompt_weight,
+                            "shape": args.shape}
 
     def build(tmp: Path) -> None:
         info.update(train(args, tmp))
@@ -234,10 +263,14 @@ def make(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--steps", type=int, default=700)
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--short-frac", type=float, default=0.6, help="share of the steps on short chats (first)")
+    ap.add_argument("--batch-tokens", type=int, default=8192, help="padded tokens per batch")
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--prompt-weight", type=float, default=0.0, help="weight of the prompt tokens' loss")
     ap.add_argument("--seed", type=int, default=SEED)
+    ap.add_argument("--shape", type=json.loads, default=SHAPE, help="Qwen2 shape (JSON), default %(default)s")
+    ap.add_argument("--eval-n", type=int, default=480, help="held-out chats the build is measured on")
     ap.add_argument("--force", action="store_true")
     args = ap.parse_args()
     info = make(args)

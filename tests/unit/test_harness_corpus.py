@@ -3,44 +3,101 @@ that is in the prompt (as a skill) or, when it is not, a rule drawn uniformly (t
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import pytest
 
 from evolve.evolvers import extract_lessons
-from harness.corpus import FAMILIES, PERSONAS, RULES, examples
+from harness.corpus import FAMILIES, PERSONAS, RULES, choice_reply, example, examples, feedback_for
+from harness.workload import load_workload
 from rewards.checkers import evaluate
+from rewards.checkers.choice import parse_choices
+from scripts.instruct_eval import WORKLOAD, workload_skills
+
+
+def _lessons(rule) -> set[str]:
+    return {x.lower() for t in rule.texts for x in extract_lessons(t)}
+
+
+def _stated(rule, text: str) -> bool:
+    return any(x in text.lower() for x in _lessons(rule))
 
 
 def test_the_corpus_is_seeded():
-    a, b = list(examples(20, 3)), list(examples(20, 3))
-    assert [(e.messages, e.reply) for e in a] == [(e.messages, e.reply) for e in b]
-    assert [e.reply for e in examples(20, 4)] != [e.reply for e in a]
+    for phase in ("short", "served"):
+        a, b = list(examples(20, 3, phase)), list(examples(20, 3, phase))
+        assert [(e.messages, e.reply) for e in a] == [(e.messages, e.reply) for e in b]
+        assert [e.reply for e in examples(20, 4, phase)] != [e.reply for e in a]
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_every_reply_passes_the_check_of_its_rule(seed):
-    for e in examples(200, seed):
+def test_every_phrasing_is_one_lesson_of_the_feedback_evolver_in_every_feedback_form():
+    """The closed vocabulary: whatever form the feedback takes, the skill states the phrasing itself."""
+    rng = random.Random(0)
+    for rule in RULES.values():
+        for text in rule.texts:
+            for _ in range(12):
+                (bare,) = extract_lessons(text)
+                fb = feedback_for(rule, rng, text)
+                (lesson,) = extract_lessons(fb)
+                # "..., e.g. <example>." is cut at "e.g." by the evolver's sentence split, as the workloads' is
+                assert lesson.lower() in (bare.lower(), bare.lower() + ", e.g"), fb
+
+
+def test_the_workloads_rules_are_in_the_vocabulary():
+    """Every lesson clawray-mini's feedback teaches about a family the corpus knows is one of its phrasings
+    (what the skills of the bench will state is what the model was trained to read)."""
+    vocab = {x for r in RULES.values() for x in _lessons(r)}
+    lessons = [s.metadata["lesson"].lower() for s in workload_skills(load_workload(WORKLOAD))]
+    keyed = [x for x in lessons if any(k in x for k in ("timestamp", "file name", ".bak", "status"))]
+    assert len(keyed) >= 4 and set(keyed) <= vocab, set(keyed) - vocab
+
+
+@pytest.mark.parametrize("phase", ["short", "served"])
+def test_every_reply_passes_the_check_of_its_rule(phase):
+    for e in examples(300, 1, phase):
         if e.family == "status":
             letters = [c for c in e.reply if c.isalpha()]
             assert all(c.islower() for c in letters) if e.rule == "lower" else all(c.isupper() for c in letters)
             if e.rule == "lower":
                 assert evaluate(e.spec, e.reply, None).passed
-        else:
-            assert e.spec["type"] == "multi_choice" and e.spec["answer"], e
-            assert evaluate(e.spec, e.reply, None).passed, (e.reply, e.spec)
+            continue
+        assert e.spec["type"] == "multi_choice" and e.spec["answer"], e
+        assert evaluate(e.spec, e.reply, None).passed, (e.reply, e.spec)
+        # the marks in front of the box say the same: `+` exactly on the letters of the answer
+        marks = e.reply.split("\n")[0].split()
+        assert [m[0] for m in marks] == sorted(e.spec["options"])
+        assert [m[0] for m in marks if m.endswith("+")] == e.spec["answer"]
 
 
-def test_the_rule_is_in_the_prompt_exactly_when_told_and_in_the_served_format():
-    for e in examples(300, 5):
+def test_choice_reply_marks_then_boxes():
+    r = choice_reply([("A", True), ("B", False), ("C", True)])
+    assert r == "A+ B- C+\n\\bbox{A,C}" and parse_choices(r, {"A", "B", "C"}) == {"A", "C"}
+
+
+@pytest.mark.parametrize("phase", ["short", "served"])
+def test_the_rule_is_in_the_prompt_exactly_when_told_and_in_the_served_format(phase):
+    for e in examples(300, 5, phase):
         system = e.messages[0]["content"]
         assert e.messages[0]["role"] == "system" and any(system.startswith(p) for p in PERSONAS)
-        (rule,) = [x.lower() for x in extract_lessons(RULES[e.rule].text)]  # as the skill states it
-        assert (rule in system.lower()) == e.told, (e.told, system)
+        rules = _lessons(RULES[e.rule])
+        assert any(r in system.lower() for r in rules) == e.told, (e.told, system)
         if "## Active Skills" in system:  # serve/injection.py appends the block after a blank line
             assert "\n\n## Active Skills\n\nApply the skills below" in system
-        # the rule is stated nowhere else (the feedback prefix is about other families)
-        assert all(rule not in m["content"].lower() for m in e.messages[1:])
+        # the rule is stated nowhere else (the feedback prefix and the history are about other families)
+        assert not any(r in m["content"].lower() for r in rules for m in e.messages[1:])
+        if phase == "short":
+            assert len(e.messages) == 2 and not e.history_right
+
+
+def test_served_chats_carry_the_previous_round_as_the_driver_sends_it():
+    exs = list(examples(300, 6))
+    with_history = [e for e in exs if e.history_right]
+    assert 0.6 < len(with_history) / len(exs) < 0.9
+    for e in with_history:
+        assert [m["role"] for m in e.messages] == ["system", "user", "assistant", "user"]
+        assert not e.messages[1]["content"].startswith("[Previous Feedback]")  # the day's first round has none
+    assert sum(e.messages[-1]["content"].startswith("[Previous Feedback] ") for e in with_history) > 0.5 * len(with_history)
 
 
 def test_without_the_rule_the_reply_follows_a_uniform_guess():
@@ -52,3 +109,9 @@ def test_without_the_rule_the_reply_follows_a_uniform_guess():
         assert total > 60
         for r in rules:
             assert abs(seen[r.key] / total - 1 / len(rules)) < 0.12, (family, seen)
+
+
+def test_told_can_be_forced_for_held_out_sets():
+    rng = random.Random(9)
+    assert all(example(rng, "served", told=True).told for _ in range(20))
+    assert not any(example(rng, "served", told=False).told for _ in range(20))
