@@ -49,12 +49,16 @@ CREATE TABLE IF NOT EXISTS turns (
   idle INTEGER NOT NULL DEFAULT 0, failures INTEGER NOT NULL DEFAULT 0, last_error TEXT,
   block_ref TEXT, block_at TEXT);
 CREATE TABLE IF NOT EXISTS blocks (ref TEXT PRIMARY KEY, text TEXT NOT NULL, last_used REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS payloads (turn_id TEXT PRIMARY KEY, payload TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS turns_by_session ON turns(session_id, state);
 CREATE INDEX IF NOT EXISTS turns_by_state ON turns(state, claimed_until);
 """
 # Columns added after the first release: (name, definition) for ALTER TABLE on older files.
 # request_key / turn_key: serve/history.py keys (hex), so matching a turn never needs its payload.
 # block_ref / block_at: the skills block cut out of the payload's messages and where (serve/skill_blocks.py).
+# A turn's payload (its JSON, ~10 KB with the prompt ids) lives in `payloads`, written once: SQLite rewrites a
+# whole row on every UPDATE, and a turn's state changes three times after its insert (completed, leased,
+# dispatched). Rows stored before that keep it in turns.payload ('' for the others).
 ADDED_COLUMNS = (("next_state", "TEXT"), ("ended", "INTEGER NOT NULL DEFAULT 0"), ("request_key", "TEXT"),
                  ("turn_key", "TEXT"), ("idle", "INTEGER NOT NULL DEFAULT 0"),
                  ("failures", "INTEGER NOT NULL DEFAULT 0"), ("last_error", "TEXT"), ("block_ref", "TEXT"),
@@ -111,6 +115,7 @@ class SessionStore:
         retried = [r for r in left if history is not None and r[2] == history.request_key]
         if retried:  # the retry's turn takes the replaced turn's index (all of its choices go)
             db.executemany("DELETE FROM turns WHERE turn_id=?", [(r[0],) for r in retried])
+            db.executemany("DELETE FROM payloads WHERE turn_id=?", [(r[0],) for r in retried])
             left = [r for r in left if r not in retried]
         row = db.execute("SELECT turns FROM sessions WHERE session_id=?", (sid,)).fetchone()
         count = row[0] if row else 0
@@ -134,8 +139,9 @@ class SessionStore:
                 "INSERT INTO turns(turn_id, session_id, turn_index, state, payload, updated_at, ended, "
                 "request_key, turn_key, block_ref, block_at) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
                 (turn.turn_id, sid, index, "completed" if turn.last_in_session else "pending",
-                 payload.model_dump_json(), now, int(turn.last_in_session), request_key, key, ref, at),
+                 "", now, int(turn.last_in_session), request_key, key, ref, at),
             )
+            db.execute("INSERT INTO payloads(turn_id, payload) VALUES(?,?)", (turn.turn_id, payload.model_dump_json()))
             stored.append(turn)
         return stored
 
@@ -175,7 +181,8 @@ class SessionStore:
                     f"WHERE turn_id IN ({','.join('?' * len(ids))})",
                     (now + lease_s, *ids),
                 )
-            texts = _block_texts(db, rows, 1)
+            rows = _with_payloads(db, rows)
+            texts = _block_texts(db, rows)
         return [_turn(*r[1:], texts=texts) for r in rows]
 
     def mark_dispatched(self, turn_ids: list[str]) -> None:
@@ -237,6 +244,8 @@ class SessionStore:
     def drop(self, turn_ids: list[str]) -> int:
         """Delete dead letters for good. Returns how many were deleted."""
         with self._tx() as db:
+            db.executemany("DELETE FROM payloads WHERE turn_id=? AND turn_id IN "
+                           "(SELECT turn_id FROM turns WHERE state='dead')", [(t,) for t in turn_ids])
             return db.executemany("DELETE FROM turns WHERE turn_id=? AND state='dead'",
                                   [(t,) for t in turn_ids]).rowcount
 
@@ -245,6 +254,8 @@ class SessionStore:
         sessions idle as long; keeps the file bounded under daily use. Returns the turns removed."""
         cutoff = time.time() - older_than_s
         with self._tx() as db:
+            db.execute("DELETE FROM payloads WHERE turn_id IN (SELECT turn_id FROM turns WHERE state='dispatched' "
+                       "AND updated_at < ?)", (cutoff,))
             n = db.execute("DELETE FROM turns WHERE state='dispatched' AND updated_at < ?", (cutoff,)).rowcount
             db.execute("DELETE FROM blocks WHERE last_used < ? AND ref NOT IN "
                        "(SELECT block_ref FROM turns WHERE block_ref IS NOT NULL)", (cutoff,))
@@ -253,15 +264,16 @@ class SessionStore:
         return n
 
     def turns(self, session_id: str | None = None, state: str | None = None) -> list[Turn]:
-        q, args = f"SELECT {TURN_COLUMNS} FROM turns WHERE 1=1", []
+        q, args = f"SELECT turn_id, {TURN_COLUMNS} FROM turns WHERE 1=1", []
         if session_id is not None:
             q, args = q + " AND session_id=?", [*args, session_id]
         if state is not None:
             q, args = q + " AND state=?", [*args, state]
         with self._tx() as db:
             rows = db.execute(q + " ORDER BY session_id, turn_index", args).fetchall()
-            texts = _block_texts(db, rows, 0)
-        return [_turn(*r, texts=texts) for r in rows]
+            rows = _with_payloads(db, rows)
+            texts = _block_texts(db, rows)
+        return [_turn(*r[1:], texts=texts) for r in rows]
 
     def stats(self) -> dict[str, int]:
         with self._tx() as db:
@@ -286,9 +298,22 @@ def _store_block(db, messages: list[dict[str, Any]], block: str, now: float) -> 
     return ref, json.dumps(at), compact
 
 
-def _block_texts(db, rows: list[tuple], offset: int) -> dict[str, str]:
-    """The texts of the blocks `rows` refer to (their block_ref at `offset` + 4 of the row)."""
-    refs = sorted({r[offset + 4] for r in rows if r[offset + 4]})
+def _with_payloads(db, rows: list[tuple]) -> list[tuple]:
+    """Rows (turn_id, TURN_COLUMNS...) with the payloads kept in `payloads` filled in."""
+    ids = [r[0] for r in rows if not r[1]]
+    if not ids:
+        return rows
+    got: dict[str, str] = {}
+    for i in range(0, len(ids), 500):  # bounded IN lists
+        chunk = ids[i:i + 500]
+        got.update(db.execute(f"SELECT turn_id, payload FROM payloads WHERE turn_id IN ({','.join('?' * len(chunk))})",
+                              chunk).fetchall())
+    return [(r[0], got[r[0]], *r[2:]) if not r[1] else r for r in rows]
+
+
+def _block_texts(db, rows: list[tuple]) -> dict[str, str]:
+    """The texts of the blocks `rows` (turn_id, TURN_COLUMNS...) refer to."""
+    refs = sorted({r[5] for r in rows if r[5]})
     if not refs:
         return {}
     return dict(db.execute(f"SELECT ref, text FROM blocks WHERE ref IN ({','.join('?' * len(refs))})",

@@ -222,7 +222,8 @@ def db_turns(db_path: Path, prefix: str) -> list[DbTurn]:
     db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=30)
     try:
         rows = db.execute(
-            "SELECT turn_id, session_id, turn_index, state, attempts, payload, next_state FROM turns "
+            "SELECT t.turn_id, session_id, turn_index, state, attempts, COALESCE(NULLIF(t.payload, ''), p.payload), "
+            "next_state FROM turns t LEFT JOIN payloads p ON p.turn_id = t.turn_id "  # serve/sessions.py `payloads`
             "WHERE session_id LIKE ? ORDER BY session_id, turn_index", (prefix + "%",)).fetchall()
     finally:
         db.close()

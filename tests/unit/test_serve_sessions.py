@@ -266,8 +266,11 @@ def test_the_skills_block_is_stored_once_and_read_back_byte_for_byte(tmp_path, s
     s.record([_turn("b-none", messages=SHAPES["alone"], last_in_session=True)], None, "")  # no block given
     with s._tx() as db:
         blocks = db.execute("SELECT COUNT(*) FROM blocks").fetchone()[0]
-        payloads = [r[0] for r in db.execute("SELECT payload FROM turns WHERE session_id LIKE 'b_'")]
-    assert blocks == 1 and not any("Keep the times." in p for p in payloads)  # one copy, not one per turn
+        payloads = [r[0] for r in db.execute("SELECT p.payload FROM payloads p JOIN turns t ON t.turn_id = p.turn_id "
+                                             "WHERE t.session_id LIKE 'b_'")]
+        inline = [r[0] for r in db.execute("SELECT payload FROM turns")]
+    assert blocks == 1 and len(payloads) == 3 and not any("Keep the times." in p for p in payloads)  # one copy
+    assert inline == [""] * 4  # the JSON is written once, in `payloads`: state updates do not rewrite it
     read = {t.session_id: t.messages for t in s.turns()}
     claimed = {t.session_id: t.messages for t in s.claim(10, 60)}
     for i, msgs in enumerate(SHAPES.values()):
