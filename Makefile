@@ -36,8 +36,8 @@ $(MODEL): $(STAMP) scripts/make_tiny_model.py
 
 setup: $(STAMP) $(MODEL)
 
-# The instruction-following tiny model (issue 18; ~10 minutes once on 2 cores): `clawray bench --model
-# tiny-instruct`. The script's own fingerprint decides whether it retrains.
+# The instruction-following tiny model (issue 18; ~10 minutes once on 2 cores): the demo's model (harness/demo.py
+# DEMO_MODEL) and `clawray bench --model tiny-instruct`. The script's own fingerprint decides whether it retrains.
 INSTRUCT := .cache/tiny-instruct/clawray-build.json
 $(INSTRUCT): $(MODEL) scripts/make_instruct_model.py scripts/instruct_eval.py harness/corpus.py evolve/evolvers.py \
 		evolve/retrieval.py evolve/text.py serve/injection.py
@@ -55,18 +55,18 @@ agents: $(AGENTS)
 
 model: $(MODEL)
 
-test: setup agents
+test: setup instruct-model agents
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not soak and not cluster" $(PYTEST_ARGS)
 
 # Whole-cluster simulations (each starts Ray clusters of its own in subprocesses): kept out of `make test`
 # so that stays under 40 minutes on 2 cores; CI (.ci/run) runs both.
-test-cluster: setup
+test-cluster: setup instruct-model
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m cluster $(PYTEST_ARGS)
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not soak and not cluster" $(PYTEST_ARGS)
 
-demo: setup
+demo: setup instruct-model
 	$(BIN)/python -m harness.cli demo
 
 bench: setup

@@ -20,14 +20,16 @@ app = control.app
 def demo(config: control.ConfigOpt = None,
          workload: Annotated[Path | None, typer.Option(help="a MetaClaw-Bench-format folder")] = None,
          rounds: Annotated[int | None, typer.Option(help="play only the first N rounds of each day")] = None,
-         state: Annotated[Path | None, typer.Option(help="storage root (default state/demo)")] = None) -> None:
+         state: Annotated[Path | None, typer.Option(help="storage root (default state/demo)")] = None,
+         model: Annotated[str | None, typer.Option(help="model.path for the run (default: tiny-instruct where the "
+                                                        "config names the embedded tiny model)")] = None) -> None:
     """Simulated workdays through the whole loop on this machine (the `make demo` job); exits non-zero
     naming the first promised stage that did not happen."""
     from harness.demo import run_demo
     from harness.stages import first_failure
 
     verdicts = run_demo(control._cfg(config), workload=workload, console=control.console, rounds=rounds,
-                        storage_root=state)
+                        storage_root=state, model=model)
     if first_failure(verdicts) is not None:
         raise typer.Exit(1)
 

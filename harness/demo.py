@@ -454,13 +454,27 @@ class Demo:
                                "with the loop off day 2 is served the same library, so on = off = served")
 
 
+# The embedded default's random tiny model cannot read a skill, so a demo on it could only show the loop's
+# mechanics; the instruction-following one (scripts/make_instruct_model.py, `make instruct-model`) reads
+# the casing rule a skill states, so the day-2 improvement it prints is the skills' doing (docs/bench.md).
+DEMO_MODEL = "tiny-instruct"
+
+
 def run_demo(cfg: ClawrayConfig, workload: Path | None = None, console: Console | None = None, *,
-             rounds: int | None = None, storage_root: Path | None = None) -> list[Verdict]:
-    """Run the demo; returns the stage verdicts (the CLI exits non-zero on the first failed one)."""
+             rounds: int | None = None, storage_root: Path | None = None, model: str | None = None) -> list[Verdict]:
+    """Run the demo; returns the stage verdicts (the CLI exits non-zero on the first failed one). `model`:
+    `model.path` for the run (default: the instruction-following tiny model where the config names the
+    embedded `tiny` one; any other configured model is kept)."""
     from cluster.runtime import runtime_env_vars
     from harness.workload import load_workload
 
     workload = workload or DEFAULT_WORKLOAD
+    model = model or (DEMO_MODEL if cfg.model.path == "tiny" else None)
+    if model is not None:
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": model})})
+        if not Path(cfg.model_path()).is_dir():
+            raise FileNotFoundError(f"model {model!r} is not built at {cfg.model_path()} "
+                                    f"(`make instruct-model` builds tiny-instruct)")
     cfg = demo_config(cfg, storage_root, load_workload(workload).workspace_src)
     for k, v in runtime_env_vars(cfg).items():
         os.environ.setdefault(k, v)
