@@ -66,6 +66,7 @@ BENCHES = [
     Bench("proxy_overhead", quick_fallback=("--duration", "1", "--no-real"), port=True),
     Bench("proxy_overhead-haproxy", module="proxy_overhead", full=("--ha-proxy",), quick=("--ha-proxy", "--quick"),
           quick_fallback=("--ha-proxy", "--duration", "1", "--no-real"), port=True),
+    Bench("whole_path", full=("--tiny",)),  # upstream mode vs a pass-through floor and LiteLLM (its own venv)
     Bench("hotswap"),
     Bench("retrieval"),
     Bench("trainer", quick=("--quick", "--repeats", "1", "--steps", "6")),
