@@ -65,7 +65,10 @@ class Server:
 
     def __init__(self, name: str, cmd: list[str], env: dict[str, str], port: int, ready_line: bool = True):
         self.name, self.port = name, port
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE,
+        # Only our own servers' stdout is read (their READY line): a pipe nobody reads fills up and blocks
+        # a server that logs to stdout (vLLM does).
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **env},
+                                     stdout=subprocess.PIPE if ready_line else subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, text=True, start_new_session=True)
         self.ready_line = ready_line
 

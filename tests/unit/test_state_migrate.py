@@ -137,7 +137,8 @@ def test_migration_copies_every_row_of_every_store(embedded, target):
     root, _ = embedded
     results = migrate(root, target)
     assert {(r.store, r.table) for r in results} == {
-        ("sessions", "sessions"), ("sessions", "turns"), ("runlock", "run_lock"), ("control", "kv"),
+        ("sessions", "sessions"), ("sessions", "turns"), ("sessions", "payloads"), ("sessions", "blocks"),
+        ("runlock", "run_lock"), ("control", "kv"),
         *(("replay", t) for t in ("samples", "leases", "fences", "dead_letters", "meta")),
         *(("memory", t) for t in ("units", "scopes", "inbox", "forgets"))}  # FTS5, meta, tombstones: not
     assert all(r.ok and r.copied == r.source_rows == r.present == r.target_rows for r in results), results
