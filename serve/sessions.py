@@ -98,12 +98,13 @@ class SessionStore:
         carry it (serve/skill_blocks.py); reading gives the messages back whole."""
         return self.record_batch([(turns, history, block)])[0]
 
-    def record_batch(self, items: list[tuple[list[Turn], History | None, str]]) -> list[list[Turn]]:
+    def record_batch(self, items: list[tuple]) -> list[list[Turn]]:
         """`record` for several requests in ONE transaction (group commit), in order: two requests of
-        the same session in one batch chain exactly as if recorded one after the other."""
+        the same session in one batch chain exactly as if recorded one after the other. Items are
+        (turns, history) or (turns, history, block)."""
         now = time.time()
         with self._tx(*(it[0][0].session_id for it in items)) as db:
-            return [self._record(db, turns, history, now, block) for turns, history, block in items]
+            return [self._record(db, it[0], it[1], now, it[2] if len(it) > 2 else "") for it in items]
 
     def _record(self, db, turns: list[Turn], history: History | None, now: float, block: str = "") -> list[Turn]:
         first = turns[0]
