@@ -158,3 +158,18 @@ def test_gauges_are_set_again_while_their_value_holds(fake_metrics):
                        ("clawray_memory_units", (2, {"kind": "semantic", "level": "user"}))]:
         records = fake_metrics[name].records
         assert len(records) > before[name] and records[-1] == last, name
+
+
+def test_the_inflight_gauge_is_sampled_under_load_and_exact_when_idle(fake_metrics):
+    from serve.metrics import EngineMetrics
+
+    m = EngineMetrics("upstream")
+    gauge = fake_metrics["clawray_engine_inflight_requests"]
+    start = len(gauge.records)
+    for _ in range(50):  # a burst: 50 requests overlapping, within a few microseconds
+        m.begin()
+    for _ in range(49):
+        m.end()
+    assert len(gauge.records) - start <= 3  # not two Ray calls per request
+    m.end()
+    assert gauge.records[-1] == (0, {"backend": "upstream"})  # idle: the gauge says so at once
