@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from core.contracts import Skill
 from evolve.evidence import Evidence
-from evolve.evolvers import excerpt, extract_lessons, lesson_slug
+from evolve.evolvers import excerpt, extract_lessons, lesson_slug, task_question
 from evolve.scopes import GLOBAL, scope_of
 from evolve.text import STOPWORDS, detect_task_type, jaccard, topic_tokens, words
 
@@ -187,7 +187,7 @@ def _create(sessions: Sequence[SessionSummary], library: Sequence[Skill], ev: di
         body = "\n".join([f"# {name.replace('-', ' ').capitalize()}", "", f"- **Rule:** {rule}.",
                           f"- **Why:** {count} failed turn(s) in {len(members)} session(s) of "
                           f"{len({m.tenant for m in members})} user(s) were corrected this way.",
-                          f"- **Seen in the task:** \"{excerpt(instr)}\""])
+                          f"- **Seen in the task:** \"{excerpt(task_question(instr))}\""])
         skill = Skill(name=name, description=f"{rule}. (Learned from several users' sessions.)"[:1024],
                       category=detect_task_type(f"{lesson} {instr}") or "general", body=body,
                       metadata={"lesson": lesson, "source": "collective", "scope": GLOBAL})

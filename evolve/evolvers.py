@@ -60,7 +60,8 @@ class Evolver(Protocol):
 
 # ------------------------------------------------------------------------------------ feedback
 _MARKER_RE = re.compile(r"\[[^\]\n]{0,40}feedback[^\]\n]{0,40}\]|^\s*feedback\s*:", re.I | re.M)
-_SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|\n+|;\s+")
+# A sentence ends at . ! ? but not at "e.g." / "i.e.": "<rule>, e.g. <example>." is one lesson with its example
+_SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])(?<!\be\.g\.)(?<!\bi\.e\.)\s+|\n+|;\s+", re.I)
 _RULE_RE = re.compile(
     r"\b(must|should|always|never|required|requires?|needs? to|do not|don'?t|make sure|ensure|"
     r"expected|instead|remember to|avoid)\b", re.I)
@@ -72,6 +73,8 @@ _VERDICT_RE = re.compile(
 MERGE_JACCARD = 0.5  # topic-token Jaccard at which two lessons are the same lesson
 MAX_LESSON_CHARS = 300
 SEEN_CHARS = 120  # the excerpt of the task a feedback skill was learned from
+# A multiple-choice option line ("A. text", "B) text"): the question ends where the options begin
+_OPTION_LINE_RE = re.compile(r"^\s*[A-Z][.)]\s+\S", re.M)
 
 
 def extract_lessons(feedback: str) -> list[str]:
@@ -88,6 +91,17 @@ def extract_lessons(feedback: str) -> list[str]:
 def excerpt(text: str, n: int = 240) -> str:
     one = " ".join((text or "").split())
     return one if len(one) <= n else one[: n - 1] + "…"
+
+
+def task_question(instruction: str) -> str:
+    """The question of a task as a skill may quote it: without the `[Previous Feedback] ...` paragraph a
+    driver puts in front of it (the previous round's feedback, often another task's rule) and without its
+    option lines and what follows them (the options of one task are wrong in every other one)."""
+    text = (instruction or "").lstrip()
+    if _MARKER_RE.match(text):
+        text = text.split("\n\n", 1)[1] if "\n\n" in text else ""
+    first = _OPTION_LINE_RE.search(text)
+    return (text[:first.start()] if first else text).strip()
 
 
 def lesson_slug(lesson: str) -> str:
@@ -152,7 +166,8 @@ class FeedbackEvolver:
         category = detect_task_type(f"{lesson} {first.instruction}") or "general"
         # Injected into every matching turn, so brief: the rule once (the description is what retrieval
         # and the block's heading show) and the task it was learned from; the feedback stays in metadata.
-        body = f"- **Rule:** {rule}.\n- **Seen in the task:** \"{excerpt(first.instruction, SEEN_CHARS)}\""
+        seen = excerpt(task_question(first.instruction), SEEN_CHARS)
+        body = f"- **Rule:** {rule}." + (f"\n- **Seen in the task:** \"{seen}\"" if seen else "")
         return Skill(
             name=name,
             description=f"{rule}."[:1024],

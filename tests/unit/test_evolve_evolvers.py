@@ -199,3 +199,31 @@ async def test_llm_evolver_against_a_local_openai_compatible_server():
     assert [s.name for s in skills] == ["backup-before-editing"]
     assert len(_Handler.bodies) == 2 and _Handler.bodies[0]["model"] == "evolver"
     assert "rejected" in _Handler.bodies[1]["messages"][-1]["content"]
+
+
+def test_a_lesson_keeps_the_example_its_rule_gives():
+    """"..., e.g. <example>." is one sentence: cutting at "e.g." left a lesson ending ", e.g" and lost the
+    example (clawray-mini's file-name and timestamp feedback)."""
+    fb = "File names must be YYYYMMDD_snake_case.ext, e.g. 20260504_shipment_summary.md."
+    assert extract_lessons(fb) == ["File names must be YYYYMMDD_snake_case.ext, e.g. 20260504_shipment_summary.md"]
+    two = "Timestamps must use +08:00, i.e. the office's offset. Always create a .bak first."
+    assert extract_lessons(two) == ["Timestamps must use +08:00, i.e. the office's offset",
+                                    "Always create a .bak first"]
+
+
+def test_the_task_excerpt_is_the_question_without_its_options_or_the_previous_feedback():
+    """The skill is injected into every matching turn: the excerpt of the task it was learned from must not
+    carry that task's option texts (another task's `+08:00` options inside a UTC skill), nor the previous
+    round's feedback the driver puts in front of the question (another family's rule)."""
+    task = ("[Previous Feedback] Status updates must be written in lowercase only.\n\n"
+            "Which timestamps follow our team standard? Select all that apply.\n\n"
+            "A. 2026-05-04T09:00:00+08:00\nB. 2026-05-04 09:00\nC) 2026-05-04T09:00:00Z\n\n"
+            "Answer using \\bbox{X} or \\bbox{X,Y} format.")
+    (skill,) = FeedbackEvolver().distil([fail("Timestamps must be in UTC and end with the Z suffix.",
+                                              instruction=task)], [])
+    seen = skill.body.split("**Seen in the task:**")[1]
+    assert seen.strip() == '"Which timestamps follow our team standard? Select all that apply."'
+    assert "+08:00" not in skill.body and "lowercase" not in skill.body
+    # a task without options keeps its whole text (cut to the excerpt's length)
+    (plain,) = FeedbackEvolver().distil([fail(BACKUP_1, instruction="Rewrite day01/a.json.\nUse write_file.")], [])
+    assert plain.body.endswith('"Rewrite day01/a.json. Use write_file."')
