@@ -276,9 +276,11 @@ def start_tiny_vllm(port: int) -> Server:
     from core.config import load_config
 
     cfg = load_config(REPO / "configs" / "local.yaml")
+    # Both names: clients (and LiteLLM's route) ask for clawray-policy, clawray's upstream config for up-model.
+    # 8192 of the model's 65536 positions: the injected skills alone are ~2,800 of its tokens.
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", cfg.model_path(),
-           "--served-model-name", "up-model", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-           "--max-model-len", str(cfg.model.max_model_len), "--enforce-eager"]
+           "--served-model-name", "up-model", "clawray-policy", "--host", "127.0.0.1", "--port", str(port),
+           "--dtype", "float32", "--max-model-len", "8192", "--enforce-eager"]
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(cfg.cache_path() / "vllm"),
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     return Server("vllm", cmd, env, port, ready_line=False)
@@ -343,8 +345,7 @@ def _phase(engine: str, upstream: str, paths: list[str], workdir: Path, args, me
     servers, urls = start_proxies(upstream, [p for p in paths if p != "direct"], workdir)
     try:
         urls = {"direct": upstream + "/chat/completions", **urls} if "direct" in paths else urls
-        model = "clawray-policy" if engine == "instant" else "up-model"
-        max_tokens = 8
+        model, max_tokens = "clawray-policy", 8
         rows = measure(urls, servers, engine, args.duration, args.rounds, model, max_tokens)
         if not memory:  # after the load, once per run
             memory.update({p: _memory_mb(s.processes()) for p, s in servers.items()})

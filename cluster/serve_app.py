@@ -38,6 +38,9 @@ def engine_env(cfg: ClawrayConfig) -> dict[str, str]:
     return env
 
 
+HAPROXY_MAX_SOCKET_PATH = 97  # HAProxy 2.8's limit for a unix socket path (its log target's, here)
+
+
 def _free_port() -> int:
     import socket
 
@@ -81,7 +84,12 @@ def ingress_env(cfg: ClawrayConfig) -> dict[str, str]:
         return {}
     import tempfile
 
-    return haproxy_env(Path(tempfile.mkdtemp(prefix="clawray-haproxy-")))
+    # HAProxy refuses socket paths over 97 bytes, and Serve puts them in <folder>/<56-hex node id>/.
+    private = Path(tempfile.mkdtemp(prefix="cr-ha-", dir="/tmp" if Path("/tmp").is_dir() else None))
+    if len(str(private)) + 1 + 56 + len("/metrics.sock") > HAPROXY_MAX_SOCKET_PATH:
+        raise ConfigError(f"proxy.http_ingress haproxy: the temp folder {private} is too long for HAProxy's "
+                          f"unix sockets (at most {HAPROXY_MAX_SOCKET_PATH} bytes with Serve's node folder)")
+    return haproxy_env(private)
 
 
 def check_serving_config(cfg: ClawrayConfig, env: dict[str, str] | None = None) -> None:
