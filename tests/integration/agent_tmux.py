@@ -26,6 +26,8 @@ from tests.integration.agent_bridge import Forwarder
 BRIDGE = Path(__file__).with_name("agent_bridge.py")
 AGENT_PORT = 18080  # inside the agent's namespace: free by construction
 COLUMNS, ROWS = 200, 50
+PASTE_WINDOW_S = 0.5  # > Codex's 120 ms Enter-after-paste window
+SUBMIT_WAIT_S = 20  # a submitted prompt's first request reaches the bridge within this
 
 
 class TmuxAgent:
@@ -66,11 +68,18 @@ class TmuxAgent:
         return self._poll(lambda: text in self.screen(), timeout)
 
     def type(self, text: str) -> None:
-        """Type `text` into the agent's prompt box and submit it: Enter only once the text is shown, so the
-        agent reads it as typed, not as a paste that ends in a newline."""
+        """Type `text` into the agent's prompt box and submit it: Enter only once the text is shown and the
+        input has been still for longer than the agents' paste windows (Codex treats an Enter that comes
+        within 120 ms of a fast run of characters as a newline in a paste: PASTE_ENTER_SUPPRESS_WINDOW in
+        codex-rs/tui/src/bottom_pane/paste_burst.rs), and again if no request followed it (a swallowed
+        Enter left the message unsent; on an empty prompt box another Enter does nothing)."""
         subprocess.run([*self.tmux, "send-keys", "-l", text], check=True, timeout=30)
         assert self.wait_screen(text[:40], 30), self.screen()
-        subprocess.run([*self.tmux, "send-keys", "Enter"], check=True, timeout=30)
+        for _ in range(3):
+            time.sleep(PASTE_WINDOW_S)  # a UI's input-timing window, not an interleaving of ours
+            subprocess.run([*self.tmux, "send-keys", "Enter"], check=True, timeout=30)
+            if self._poll(lambda: bool(self.exchanges()) or self.forwarder.in_flight(), SUBMIT_WAIT_S):
+                return
 
     def exchanges(self) -> list[dict[str, Any]]:
         return self.forwarder.since(0)

@@ -399,7 +399,7 @@ def test_real_agent_in_interactive_use_sends_side_requests_that_are_never_traine
         assert tty.wait_screen(ready, 120), tty.screen()
         tty.type(TYPED)
         sent = tty.wait_settled(lambda ex: any(phrase in json.dumps(e["request"]) for e in ex if e["request"]),
-                                quiet_s=10, timeout=RUN_TIMEOUT_S)
+                                quiet_s=10, timeout=RUN_TIMEOUT_S - 60)  # the screen, before the bridge ends the agent
         screen, exchanges = tty.screen(), tty.exchanges()
     assert sent, f"no side request with {phrase!r}: {[(e['method'], e['path']) for e in exchanges]}\n{screen}"
     model = check_exchanges(exchanges, RUNS[name][1], screen)
