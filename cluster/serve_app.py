@@ -82,14 +82,17 @@ def ingress_env(cfg: ClawrayConfig) -> dict[str, str]:
     a private folder of its own under the temp dir (short: HAProxy's unix sockets live in it)."""
     if cfg.proxy.http_ingress != "haproxy":
         return {}
+    import shutil
     import tempfile
 
     # HAProxy refuses socket paths over 97 bytes, and Serve puts them in <folder>/<56-hex node id>/.
     private = Path(tempfile.mkdtemp(prefix="cr-ha-", dir="/tmp" if Path("/tmp").is_dir() else None))
-    if len(str(private)) + 1 + 56 + len("/metrics.sock") > HAPROXY_MAX_SOCKET_PATH:
+    env = haproxy_env(private)
+    if len(env["RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH"]) + 1 + 56 > HAPROXY_MAX_SOCKET_PATH:
+        shutil.rmtree(private, ignore_errors=True)
         raise ConfigError(f"proxy.http_ingress haproxy: the temp folder {private} is too long for HAProxy's "
                           f"unix sockets (at most {HAPROXY_MAX_SOCKET_PATH} bytes with Serve's node folder)")
-    return haproxy_env(private)
+    return env
 
 
 def check_serving_config(cfg: ClawrayConfig, env: dict[str, str] | None = None) -> None:
