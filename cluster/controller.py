@@ -124,6 +124,8 @@ class ControllerActor:
         self.history: list[dict[str, Any]] = saved.get("history", [])
         self.job = None
         self.current: dict[str, Any] | None = None
+        # Tests only (`set_test_hooks`): actors the runs of this incarnation await at step boundaries.
+        self.test_hooks: dict[str, str] = {}
         # One GPU shared with the engine (cluster/gpu_share.py): `engine_slept` is saved before the engine
         # is asked to sleep and cleared once it answered a wake, so a restarted Controller still wakes it.
         self.sharing = self.cfg.engine.share_gpu_with_training == "sleep"
@@ -207,7 +209,7 @@ class ControllerActor:
         job = TrainJob(self.cfg.train, model_path=self.cfg.model_path(), storage=self.layout,
                        run_name="grpo", max_steps=max_steps, lease_s=self.cfg.replay.lease_timeout_s,
                        holder=f"Controller {reason} run {self.runs + 1}", state=self.cfg.state,
-                       namespace=self.cfg.ray.namespace)
+                       namespace=self.cfg.ray.namespace, test_hooks=self.test_hooks or None)
         rollouts = self.cfg.train.rollouts.enabled and reason in ROLLOUT_RUNS
         if self.sharing or rollouts:  # a run we would wait for must not cost serving a sleep, nor re-sampling
             await asyncio.to_thread(self._raise_if_locked)
@@ -483,6 +485,12 @@ class ControllerActor:
         async with self._serial:
             await self._reap()  # unless a tick reaped it first
         return next(h for h in reversed(self.history) if h["event"] == "run_finished" and h.get("run") == run)
+
+    async def set_test_hooks(self, hooks: dict[str, str] | None) -> None:
+        """Tests only: the `test_hooks` (train/grpo.py, e.g. {"before_seal": actor name}) of the runs this
+        incarnation starts from now on, so a test holds a window's step at its seal instead of racing it.
+        Not saved: a restarted Controller starts runs without them."""
+        self.test_hooks = dict(hooks or {})
 
     async def stop_training(self) -> dict[str, Any]:
         await self._stop()

@@ -244,9 +244,11 @@ class TrainJob:
     def __init__(self, cfg: TrainConfig, *, model_path: str, storage: StorageLayout,
                  run_name: str = "grpo", max_steps: int | None = None, lease_s: float = 600.0,
                  notify_serving: bool = True, holder: str = "TrainJob",
-                 state: StateConfig | dict | None = None, namespace: str = names.DEFAULT_NAMESPACE) -> None:
+                 state: StateConfig | dict | None = None, namespace: str = names.DEFAULT_NAMESPACE,
+                 test_hooks: dict[str, str] | None = None) -> None:
         self._kwargs = dict(model_path=model_path, storage=storage, max_steps=max_steps, run_name=run_name,
-                            lease_s=lease_s, notify_serving=notify_serving, namespace=namespace)
+                            lease_s=lease_s, notify_serving=notify_serving, namespace=namespace,
+                            test_hooks=test_hooks)
         self._state = state
         self._cfg, self.run_name = cfg, run_name
         self._holder = f"{holder} (run {run_name!r})"

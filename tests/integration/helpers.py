@@ -1,8 +1,10 @@
-"""Helpers shared by the integration tests: polling, reading a storage root's session store, and real peft
-LoRA adapters for the tiny model published the way the trainer publishes them."""
+"""Helpers shared by the integration tests: polling, reading a storage root's session store, real peft
+LoRA adapters for the tiny model published the way the trainer publishes them, and a seal barrier that
+holds a training step at its commit point until the test lets it go."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
@@ -66,3 +68,35 @@ def publish_adapters(model_path: str, adapters: Path, count: int, rank: int = 8)
         os.rename(tmp, adapters / name)
         names.append(name)
     return names
+
+
+def make_seal_barrier(ray, name: str, hold_at: int = 1, namespace: str = "clawray"):
+    """A named actor for a training run's `test_hooks["before_seal"]` (train/grpo.py): rank 0 awaits
+    `before_seal(info)` right before each step's seal; the `hold_at`-th arrival (1-based) blocks until the
+    test calls `release()`, every other arrival passes. So a test decides, without sleeps, what happens
+    while a step holds its gradients but has not committed its samples."""
+
+    @ray.remote(num_cpus=0)
+    class SealBarrier:
+        def __init__(self):
+            self.arrivals: list[dict] = []
+            self.held, self.go = asyncio.Event(), asyncio.Event()
+
+        async def before_seal(self, info: dict) -> None:
+            self.arrivals.append(info)
+            if len(self.arrivals) == hold_at:
+                self.held.set()
+                await self.go.wait()
+
+        async def held_arrival(self) -> dict:
+            """The held arrival's info, once it has arrived."""
+            await self.held.wait()
+            return self.arrivals[hold_at - 1]
+
+        async def release(self) -> None:
+            self.go.set()
+
+        async def count(self) -> int:
+            return len(self.arrivals)
+
+    return SealBarrier.options(name=name, namespace=namespace).remote()

@@ -30,6 +30,8 @@ import ray
 import torch
 
 from core.contracts import Sample
+from core.names import control_name
+from tests.integration.helpers import make_seal_barrier
 
 pytestmark = pytest.mark.slow
 
@@ -116,24 +118,33 @@ def test_windows_stop_at_step_boundaries_resume_and_survive_a_controller_restart
     # Fresh samples other tests left behind would be leased first: park them under a long lease of
     # our own (a training run only ever releases its own leases) and hand them back at the end.
     park_id, _ = ray.get(replay.lease.remote(100_000, 3600.0, f"{tag}-park", 1))
+    barrier = None
     try:
         assert ray.get(replay.append.remote(samples)) == len(samples)
 
         # ---- window 1: manual trigger -> job -> a step -> the user is back -> stop at a boundary
+        # Window 1's second step is held at its seal until the stop has reached the job, so the window
+        # ends after exactly two steps however fast the steps run (CI once saw all four before the stop).
+        barrier_name = f"{tag}-seal"
+        barrier = make_seal_barrier(ray, barrier_name, hold_at=2)
+        ray.get(controller.set_test_hooks.remote({"before_seal": barrier_name}))
         h0 = len(ray.get(controller.history_events.remote()))
         opened = ray.get(omls.trigger_now.remote())
         assert [(t["dst"], t["action"]) for t in opened] == [("window_open", "start_training")]
-        # Poll fast: the stop must reach the job before it spends its step budget (max_steps).
-        wait(lambda: step_records(log, since), 300, "the first step of window 1", every=0.1)
-        assert omls_state(omls) == "updating"
+        ray.get(barrier.held_arrival.remote(), timeout=300)  # step 1 is sealed, step 2 waits at its seal
+        assert len(step_records(log, since)) == 1 and omls_state(omls) == "updating"
         ray.get(omls.report_activity.remote(time.time()))
         closed = ray.get(omls.cancel_trigger.remote())
         assert [(t["dst"], t["action"]) for t in closed] == [("pausing", "stop_training")]
+        control = ray.get_actor(control_name(RUN), namespace="clawray")
+        wait(lambda: ray.get(control.should_stop.remote()), 60, "the Controller to pass the stop to the job")
+        ray.get(controller.set_test_hooks.remote(None))
+        ray.get(barrier.release.remote())
         (fin1,) = wait(lambda: events(controller, h0, "run_finished"), 300, "window 1's job to stop")
         wait(lambda: omls_state(omls) == "idle_wait", 30, "OMLS back to idle_wait")
         w1 = step_records(log, since)
         assert fin1["stop_reason"] == "stop_requested" and fin1["error"] is None
-        assert fin1["steps"] == len(w1) and 1 <= len(w1) < max_steps
+        assert fin1["steps"] == len(w1) == 2 < max_steps
         ckpt = latest_checkpoint_state(log.parent / RUN)  # written before the step's samples commit
         assert (ckpt["step"], ckpt["lease_id"]) == (w1[-1]["step"], w1[-1]["lease_id"])
         states = ray.get(replay.states.remote(ours))
@@ -180,5 +191,9 @@ def test_windows_stop_at_step_boundaries_resume_and_survive_a_controller_restart
               f"after the restart; {fin3['stop_reason']}")
     finally:
         ray.get(omls.cancel_trigger.remote())
+        # The Controller restarted mid-test (no hooks since); by name, in case the test failed before that.
+        ray.get(ray.get_actor("Controller", namespace="clawray").set_test_hooks.remote(None))
+        if barrier is not None:
+            ray.kill(barrier)
         if park_id is not None:
             ray.get(replay.release.remote(park_id))

@@ -21,6 +21,7 @@ import pytest
 from core.config import EvolverConfig, LoRAConfig, ReplayConfig, SkillsConfig, TrainConfig
 from core.contracts import AdapterManifest, Sample, Turn
 from core.storage import StorageLayout
+from tests.integration.helpers import make_seal_barrier
 from tests.integration.test_train_job import build_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -61,34 +62,6 @@ def env(ray_cluster, tmp_path_factory):
         time.sleep(0.2)
 
 
-def make_barrier(ray, name: str):
-    @ray.remote(num_cpus=0)
-    class Barrier:
-        """Rank 0's `before_seal` blocks at its FIRST arrival until the test calls `release`."""
-
-        def __init__(self):
-            self.arrivals: list[dict] = []
-            self.arrived, self.go = asyncio.Event(), asyncio.Event()
-
-        async def before_seal(self, info: dict) -> None:
-            self.arrivals.append(info)
-            self.arrived.set()
-            if len(self.arrivals) == 1:
-                await self.go.wait()
-
-        async def first_arrival(self) -> dict:
-            await self.arrived.wait()
-            return self.arrivals[0]
-
-        async def release(self) -> None:
-            self.go.set()
-
-        async def count(self) -> int:
-            return len(self.arrivals)
-
-    return Barrier.options(name=name, namespace="clawray").remote()
-
-
 def test_support_and_stale_samples_never_reach_a_published_adapter_when_evolution_overlaps_a_step(env):
     from evolve.actor import RayReplayLink
     from evolve.bank import SkillBank
@@ -102,13 +75,13 @@ def test_support_and_stale_samples_never_reach_a_published_adapter_when_evolutio
     ray.get(replay.append.remote([s for _, s in old]))
     support_ids = {old[1][1].sample_id, old[2][1].sample_id}
     name = f"TestBarrier-{uuid.uuid4().hex[:6]}"
-    barrier = make_barrier(ray, name)
+    barrier = make_seal_barrier(ray, name)
     box: dict = {}
     trainer = threading.Thread(target=lambda: box.update(result=run_training(
         env["cfg"], model_path=env["model"], storage=storage, run_name=RUN, lease_s=300, max_steps=3,
         test_hooks={"before_seal": name})))
     trainer.start()
-    leased = ray.get(barrier.first_arrival.remote(), timeout=600)  # the step has its gradients now
+    leased = ray.get(barrier.held_arrival.remote(), timeout=600)  # the step has its gradients now
     assert support_ids <= set(leased["sample_ids"])
 
     # The fast loop evolves from failures of the leased batch while the step waits before its seal.
