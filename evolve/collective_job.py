@@ -32,7 +32,7 @@ from core.kv import Conflict, KVStore
 from evolve.bank import SkillBank
 from evolve.collective import NO_SKILL, Decision, SessionSummary, decide, group_by_skill, summarise_all
 from evolve.evidence import EvidenceStore
-from evolve.gate import Validator, Verdict
+from evolve.gate import StillIdle, Validator, Verdict
 from evolve.loop import NoReplay, ReplayLink
 from evolve.scopes import check_scope, scope_of
 
@@ -73,7 +73,10 @@ class CollectiveJob:
         if cfg.gate.enabled and validator is None:
             raise ValueError("the validation gate is on (evolver.collective.gate.enabled) but no validator was given")
 
-    async def run(self) -> JobReport:
+    async def run(self, still_idle: StillIdle | None = None) -> JobReport:
+        """One run. `still_idle`: a run that may only validate while serving is idle (evolve/gate.py) raises
+        `GateYielded` once users are back; its cursor stays, so a later run decides those sessions again
+        (on the library as it is then: what this run published before it stopped stays published)."""
         report = JobReport(f"{self.name}-{uuid.uuid4().hex[:8]}")
         got = self.cursor.get(CURSOR_KEY)
         version, start = (got[0], int(got[1]["seq"])) if got else (0, 0)
@@ -91,7 +94,7 @@ class CollectiveJob:
         report.sessions, report.groups = len(sessions), len(groups)
         report.session_ids = [s.session_id for s in sessions]
         for group, members in groups.items():
-            await self._group(report, group, members, last)
+            await self._group(report, group, members, last, still_idle)
         try:
             self.cursor.put(CURSOR_KEY, {"seq": last, "job": report.job, "ts": time.time()}, version)
             report.cursor = last
@@ -134,7 +137,8 @@ class CollectiveJob:
         report.generation = self.bank.generation
         return report.as_dict()
 
-    async def _group(self, report: JobReport, group: str, members: list[SessionSummary], last_seq: int) -> None:
+    async def _group(self, report: JobReport, group: str, members: list[SessionSummary], last_seq: int,
+                     still_idle: StillIdle | None = None) -> None:
         for attempt in range(self.cfg.cas_retries + 1):
             self.bank.reload()
             library = self.bank.skills()
@@ -147,7 +151,7 @@ class CollectiveJob:
             if d.action == "skip" or d.candidate is None:
                 self._record(report, d, None, False, d.summary)
                 return
-            v = await self._validate(d, members, last_seq)
+            v = await self._validate(d, members, last_seq, still_idle)
             if not v.approved:
                 self._record(report, d, v, False, f"rejected by the gate: {v.reason}")
                 return
@@ -160,14 +164,15 @@ class CollectiveJob:
             return
         self._record(report, d, None, False, f"gave up after {self.cfg.cas_retries} compare-and-swap conflicts")
 
-    async def _validate(self, d: Decision, members: list[SessionSummary], last_seq: int) -> Verdict:
+    async def _validate(self, d: Decision, members: list[SessionSummary], last_seq: int,
+                        still_idle: StillIdle | None = None) -> Verdict:
         assert d.candidate is not None
         if self.validator is None:
             return Verdict(True, "the gate is off (evolver.collective.gate.enabled: false): not validated")
         current = self.bank.get(d.candidate.name) if d.action != "create" else None
         tasks = [e for s in members for e in s.rows]
         held = self.store.sample_outside([s.session_id for s in members], self.cfg.gate.held_back, last_seq)
-        return await self.validator.validate(d.candidate, current, tasks, held)
+        return await self.validator.validate(d.candidate, current, tasks, held, still_idle)
 
     async def _publish(self, d: Decision, v: Verdict, members: list[SessionSummary]) -> str:
         """"published", "conflict" or the bank's reason for refusing."""

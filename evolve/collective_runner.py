@@ -3,8 +3,10 @@
 - `record(pairs)`: each scored main turn the Evolver observes becomes an evidence row (evolve/evidence.py).
 - `run(now)`: one `CollectiveJob` run (evolve/collective_job.py). Scheduled runs (every
   `interval_s`, `start()`) go ahead only while serving is idle: the OMLS actor reports an open idle signal
-  (sleep hours, inactivity, a calendar event), so the gate's replays never compete with users' turns;
-  `clawray skills evolve --now` runs at once.
+  (sleep hours, inactivity, a calendar event), and the gate asks it again before every replay, so a run
+  stops (`GateYielded`, counted as `yielded`) as soon as users are back: the gate's replays never compete
+  with users' turns for longer than the replays already in flight. `clawray skills evolve --now` is an
+  operator's explicit request and runs at once.
 - The gate's two callables, wired by name from what the composition root passed (evolve/ imports neither
   plane): `ServeGenerate` asks the engine deployment (Serve handle; greedy, the policy alias, so
   the active adapter) and `PrmGrade` asks a PRM actor (`PRM.grade`: the same checkers and judge that
@@ -26,7 +28,7 @@ from core.kv import control_store
 from evolve.bank import SkillBank
 from evolve.collective_job import CollectiveJob, JobReport
 from evolve.evidence import EvidenceStore, evidence_from
-from evolve.gate import Validator
+from evolve.gate import GateYielded, Validator
 from evolve.loop import ReplayLink
 from evolve.sandbox import Sandbox
 
@@ -113,7 +115,7 @@ class CollectiveRunner:
         self._lock = lock or asyncio.Lock()
         self._task: asyncio.Task | None = None
         self.last: dict[str, Any] | None = None
-        self.counts = {"evidence_rows": 0, "runs": 0, "published": 0, "rejected": 0, "errors": 0}
+        self.counts = {"evidence_rows": 0, "runs": 0, "published": 0, "rejected": 0, "errors": 0, "yielded": 0}
 
     def record(self, pairs: list[tuple[Turn, Sample]]) -> int:
         rows = [evidence_from(t, s, self.bank.names()) for t, s in pairs if t.turn_type == TurnType.main]
@@ -134,7 +136,9 @@ class CollectiveRunner:
                     log.info("collective job: serving is not idle (no OMLS idle signal open); next try in %.0f s",
                              self.cfg.interval_s)
                     continue
-                await self.run()
+                await self.run(scheduled=True)
+            except GateYielded as e:
+                log.info("collective job: %s", e)
             except Exception as e:  # noqa: BLE001 - the schedule must outlive one bad run
                 log.warning("collective job failed: %s", e)
 
@@ -154,12 +158,18 @@ class CollectiveRunner:
                                "PRM names to run it (start it through the composition root, cluster/system.py)")
         return self.job
 
-    async def run(self) -> dict[str, Any]:
-        """One job run, exclusive with other runs, promotions and fast-loop evolutions."""
+    async def run(self, scheduled: bool = False) -> dict[str, Any]:
+        """One job run, exclusive with other runs, promotions and fast-loop evolutions. A `scheduled` run
+        with `only_when_idle` validates only while serving stays idle (raises `GateYielded` when it is not)."""
         job = self._job()
+        still_idle = self._idle if scheduled and self.cfg.only_when_idle else None
         async with self._lock:
             try:
-                report = await job.run()
+                report = await job.run(still_idle)
+            except GateYielded as e:
+                self.counts["yielded"] += 1
+                self.last = {"yielded": str(e)}
+                raise
             except GateUnavailable as e:
                 self.counts["errors"] += 1
                 self.last = {"error": str(e)}

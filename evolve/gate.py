@@ -18,6 +18,11 @@ handle and the PRM actor; evolve/ imports neither plane): `generate(messages, ma
 With a sandbox (evolve/sandbox.py) and a `chat` callable, a task whose request offered tools the sandbox
 has is replayed with them, and graded on the reply and the files the replay left (`files`; None for a
 reply-only replay).
+
+Replays share the engine with users' turns. A run that may only validate while serving is idle passes
+`still_idle` (an async predicate: the OMLS idle signals, evolve/collective_runner.py): it is asked right
+before every engine call, and once it says no the run stops with `GateYielded` (the replays already in
+flight, at most `concurrency`, finish), so users who come back wait for no more than those.
 """
 
 from __future__ import annotations
@@ -37,6 +42,11 @@ from evolve.sandbox import Chat, Sandbox, SandboxError, task_messages
 Generate = Callable[[list[dict[str, Any]], int], Awaitable[str]]
 Grade = Callable[[list[dict[str, Any]], str, dict[str, Any] | None, dict[str, bytes] | None],
                  Awaitable[float | None]]
+StillIdle = Callable[[], Awaitable[bool]]
+
+
+class GateYielded(RuntimeError):
+    """A run that validates only while serving is idle stopped before its next replay: users came back."""
 
 
 @dataclass
@@ -136,12 +146,13 @@ class Validator:
         self._sem = asyncio.Semaphore(concurrency)
 
     async def validate(self, candidate: Skill, current: Skill | None, tasks: Sequence[Evidence],
-                       held_back: Sequence[Evidence] = ()) -> Verdict:
+                       held_back: Sequence[Evidence] = (), still_idle: StillIdle | None = None) -> Verdict:
+        """The verdict on `candidate` against `current`; raises `GateYielded` when `still_idle` says no."""
         jobs = [(e, False) for e in self._distinct(replayable(tasks))[-self.cfg.max_tasks:]]
         jobs += [(e, True) for e in self._distinct(replayable(held_back))[: self.cfg.held_back]]
         if not jobs:
             return verdict([], self.cfg)
-        outs = await asyncio.gather(*(self._one(e, back, candidate, current) for e, back in jobs))
+        outs = await asyncio.gather(*(self._one(e, back, candidate, current, still_idle) for e, back in jobs))
         results = [r for r in outs if r is not None]
         return verdict(results, self.cfg, ungraded=len(outs) - len(results))
 
@@ -158,30 +169,39 @@ class Validator:
         kept = set(last.values())
         return [e for i, e in enumerate(rows) if i in kept or not self._with_tools(e)]
 
-    async def _one(self, e: Evidence, back: bool, candidate: Skill, current: Skill | None) -> TaskResult | None:
+    async def _one(self, e: Evidence, back: bool, candidate: Skill, current: Skill | None,
+                   still_idle: StillIdle | None) -> TaskResult | None:
         # Held-back tasks compare the candidate against the library as it is for them: no candidate.
         base = None if back else current
-        a, b = await asyncio.gather(self._run(e, base), self._run(e, candidate))
+        a, b = await asyncio.gather(self._run(e, base, still_idle), self._run(e, candidate, still_idle))
         if a is None or b is None:
             return None
         return TaskResult(e.turn_id, e.session_id, back, a, b)
 
-    async def _run(self, e: Evidence, skill: Skill | None) -> float | None:
-        return await self.replay(e, [skill] if skill is not None else [])
+    async def _run(self, e: Evidence, skill: Skill | None, still_idle: StillIdle | None) -> float | None:
+        return await self.replay(e, [skill] if skill is not None else [], still_idle)
 
-    async def replay(self, e: Evidence, skills: Sequence[Skill]) -> float | None:
+    async def replay(self, e: Evidence, skills: Sequence[Skill], still_idle: StillIdle | None = None) -> float | None:
         """Task `e` replayed once with `skills` injected (with its tools where it offered them), graded in
-        [0, 1]; None when nothing could grade it."""
+        [0, 1]; None when nothing could grade it. `still_idle`: asked right before the engine call."""
         messages = with_skills(e.messages, skills)
         if self._with_tools(e):
             try:
                 start = self.sandbox.start_for(e.eval_spec)
                 async with self._sem:
+                    await self._check_idle(still_idle)
                     reply, files = await self.sandbox.replay(self.chat, messages, e.tools, self.cfg.max_tokens,
                                                              start)
             except SandboxError:  # its snapshot is gone, or its workspace grew past what the grader is sent
                 return None
             return await self.grade(messages, reply, e.eval_spec, files)
         async with self._sem:
+            await self._check_idle(still_idle)
             reply = await self.generate(messages, self.cfg.max_tokens)
         return await self.grade(messages, reply, e.eval_spec, None)
+
+    @staticmethod
+    async def _check_idle(still_idle: StillIdle | None) -> None:
+        if still_idle is not None and not await still_idle():
+            raise GateYielded("serving is no longer idle (an OMLS idle signal closed): the run stopped before "
+                              "its next replay and is resumed in a later idle window")

@@ -176,3 +176,68 @@ def test_every_run_waits_for_the_fast_loops_evolution(tmp_path):
         return await task
 
     assert asyncio.run(scenario())["skipped_reason"] == "no new sessions since the last run"
+
+
+def test_a_run_that_may_only_validate_while_idle_stops_before_its_next_replay_once_users_are_back(tmp_path):
+    """`still_idle` is asked before every engine call: it says yes once, then the users are back. The run
+    stops after that one replay (GateYielded), publishes nothing and keeps its cursor, so the next run
+    (idle again) decides the same sessions and publishes."""
+    from evolve.gate import GateYielded
+
+    skills = tmp_path / "skills"
+    calls: list[str] = []
+
+    async def counting(messages, max_tokens):
+        calls.append(messages[-1]["content"])
+        return follow_rules(messages)
+
+    j = job(tmp_path, skills, counting)
+    failed_turns(j.store, ["alice", "bob"], "quiz", "B", "You must put the final option letter in \\boxed{} "
+                 "for every quiz answer.", skills=())
+    asks = []
+
+    async def idle_once():
+        asks.append(len(calls))
+        return len(asks) == 1
+
+    try:
+        asyncio.run(j.run(still_idle=idle_once))
+        raise AssertionError("the run did not yield")
+    except GateYielded as e:
+        assert "no longer idle" in str(e)
+    assert len(calls) == 1 and asks[0] == 0  # asked before the first call; no engine call after the "no"
+    assert len(j.bank) == 0 and j.bank.generation == 0 and j.store.decisions() == []
+    report = asyncio.run(j.run())  # idle again: the same sessions, decided and published now
+    assert report.published and report.cursor == j.store.last_seq() and len(calls) == 1 + 4
+
+
+def test_only_scheduled_runs_yield_to_users_and_the_runner_counts_them(tmp_path):
+    """The schedule's runs ask OMLS before every replay (only_when_idle); `clawray skills evolve --now` is an
+    operator's explicit request and does not."""
+    from evolve.collective_runner import CollectiveRunner
+    from evolve.gate import GateYielded
+    from evolve.loop import NoReplay
+
+    skills = tmp_path / "skills"
+    cfg = CollectiveConfig(min_sessions=2, gate=GateConfig(held_back=0))
+    runner = CollectiveRunner(SkillBank(skills, SkillsConfig()), cfg.model_copy(update={"gate": GateConfig(enabled=False)}),
+                              str(tmp_path), None, NoReplay(), None)
+    runner.job = job(tmp_path, skills, rules, cfg=cfg)
+    failed_turns(runner.job.store, ["alice", "bob"], "quiz", "B", "You must put the final option letter in "
+                 "\\boxed{} for every quiz answer.", skills=())
+    asked = []
+
+    async def busy():
+        asked.append(1)
+        return False
+
+    runner._idle = busy
+    try:
+        asyncio.run(runner.run(scheduled=True))
+        raise AssertionError("the scheduled run did not yield")
+    except GateYielded:
+        pass
+    assert runner.counts["yielded"] == 1 and runner.counts["runs"] == 0 and asked
+    n = len(asked)
+    out = asyncio.run(runner.run())  # --now: not asked
+    assert out["published"] and len(asked) == n and runner.counts["runs"] == 1
