@@ -272,7 +272,10 @@ class CollectiveConfig(Section):
     min_sessions: int = Field(default=2, ge=1)  # a lesson must recur in this many sessions to create a skill
     max_rows: int = Field(default=5000, ge=1)  # evidence rows read per run
     cas_retries: int = Field(default=3, ge=0)  # a publish that lost a race is decided again on the new base
-    retention_days: float = Field(default=30.0, gt=0)  # evidence (once read) and decisions kept this long
+    retention_days: float = Field(default=30.0, gt=0)  # evidence rows kept this long once a run has read them
+    # The job's decisions (published and rejected, with their verdicts) are its audit log: kept for good
+    # unless this is set (days).
+    decisions_retention_days: float | None = Field(default=None, gt=0)
     gate: GateConfig = Field(default_factory=GateConfig)
     llm: LLMEndpoint | None = None  # decides per group (evolve/collective_llm.py); None: evolver.llm, else offline
 

@@ -20,6 +20,9 @@ Errors print one line (`error: ...`) and exit with status 1; no tracebacks.
 from __future__ import annotations
 
 import difflib
+import getpass
+import os
+import socket
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,6 +53,16 @@ skills_app.callback()(keep_config)
 
 
 BUCKET_ERRORS = (OSError, SnapshotError, RuntimeError)  # s3fs raises OSError subclasses
+
+
+def operator() -> str:
+    """Who changed the library by hand, for the audit trail (`evolver` of the history record): the OS user
+    and host running the command, since several hosts can edit one library in a bucket."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry for the uid (e.g. a container user): the uid itself
+        user = str(os.getuid())
+    return f"manual:{user}@{socket.gethostname()}"
 
 
 @dataclass
@@ -158,7 +171,7 @@ def add(ctx: typer.Context, path: Annotated[Path, typer.Argument(help="a skill f
         raise _fail(f"{file}: {e}") from None
     with _library(ctx) as lib:
         existed = skill.name in lib.bank
-        result = lib.bank.add(skill, evolver="manual", allow_updates=update)
+        result = lib.bank.add(skill, evolver=operator(), allow_updates=update)
         if result.rejected:
             raise _fail(f"{skill.name}: {result.rejected[0].reason}")
         published = lib.publish()
@@ -171,7 +184,7 @@ def remove(ctx: typer.Context, name: Annotated[str, typer.Argument(help="skill n
     """Delete a skill (its folder) and bump the generation."""
     with _library(ctx) as lib:
         try:
-            lib.bank.remove(name)
+            lib.bank.remove(name, evolver=operator())
         except BankError as e:
             raise _fail(str(e)) from None
         published = lib.publish()
@@ -254,8 +267,8 @@ def rollback_cmd(
     point = f"version {to}" if to is not None else f"generation {generation}" if generation is not None else at
     with _library(ctx) as lib:
         try:
-            result = lib.bank.rollback(name, to) if name is not None and to is not None \
-                else lib.bank.rollback_library(generation, at)
+            result = lib.bank.rollback(name, to, operator()) if name is not None and to is not None \
+                else lib.bank.rollback_library(generation, at, operator())
         except BankError as e:
             raise _fail(str(e)) from None
         if name is not None and result.rejected:

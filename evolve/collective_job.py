@@ -100,7 +100,9 @@ class CollectiveJob:
             report.cursor = last
         except Conflict as e:  # another job moved it: its decisions saw what this one published
             log.info("collective job %s: cursor moved by another job (%s)", report.job, e)
-        self.store.prune(time.time() - self.cfg.retention_days * 86400, report.cursor)
+        keep = self.cfg.decisions_retention_days
+        self.store.prune(time.time() - self.cfg.retention_days * 86400, report.cursor,
+                         time.time() - keep * 86400 if keep is not None else None)
         report.generation = self.bank.generation
         return report
 

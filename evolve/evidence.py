@@ -246,12 +246,14 @@ class EvidenceStore:
                     break
         return out
 
-    def prune(self, before: float, upto_seq: int) -> int:
+    def prune(self, before: float, upto_seq: int, decisions_before: float | None = None) -> int:
         """Delete evidence older than `before` (epoch s) that a job has read (seq <= `upto_seq`), and
-        decisions older than `before`; returns the evidence rows deleted."""
+        decisions older than `decisions_before` (None: none, the audit log is kept); returns the evidence
+        rows deleted."""
         with self.db.tx() as c:
             n = c.execute("DELETE FROM evidence WHERE created_at < ? AND seq <= ?", (before, upto_seq)).rowcount
-            c.execute("DELETE FROM decisions WHERE ts < ?", (before,))
+            if decisions_before is not None:
+                c.execute("DELETE FROM decisions WHERE ts < ?", (decisions_before,))
         return max(n, 0)
 
     def record_decision(self, job: str, skill: str, action: str, published: bool, record: dict[str, Any]) -> None:

@@ -306,6 +306,7 @@ class Demo:
     def run(self) -> list[Verdict]:
         from cluster.report import write_report
         from cluster.system import start_system, stop_system
+        from harness.plots import plot_on_off
 
         if self.root.exists():
             shutil.rmtree(self.root)  # a demo starts from an empty storage root
@@ -333,6 +334,9 @@ class Demo:
             self.print_summary()
             self.console.print(Markdown(self.memory_md))
             self.console.print(f"report: {write_report(self.root, self.root / 'report.png', self.cfg.state)}")
+            if self.ev.collective_on_off:
+                png = plot_on_off(self.ev.collective_on_off, self.root / "collective.png", list(self.published_from))
+                self.console.print(f"collective on vs off: {png}")
         finally:
             with self.console.status("stopping clawray"):
                 stop_system(self.cfg)

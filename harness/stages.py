@@ -21,7 +21,8 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("hot_swap", "the window published an adapter and serving activated it"),
     ("next_day", "day 2 was served by that adapter"),
     ("memory", "every simulated user's sessions left long-term memories, each user's only in their own scope"),
-    ("collective", "the collective job decided over every user's sessions of day 1, behind its validation gate"),
+    ("collective", "the collective job decided over every user's sessions of day 1, behind its validation gate, "
+                   "and day 2 was measured per user with the loop on and off"),
 )
 
 
@@ -86,6 +87,12 @@ def _grpo_detail(e: Evidence) -> str:
     return detail
 
 
+def _on_off_missing(e: Evidence) -> list[str]:
+    """The users whose day-2 reward with the collective loop on or off was not measured."""
+    keys = ("day01", "day02", "day02_on", "day02_off")
+    return [u for u in e.users if any(e.collective_on_off.get(u, {}).get(k) is None for k in keys)]
+
+
 def _checks(e: Evidence) -> dict[str, tuple[bool, str]]:
     published = e.adapters[-1] if e.adapters else None
     day2 = set(e.day2_adapters)
@@ -113,10 +120,13 @@ def _checks(e: Evidence) -> dict[str, tuple[bool, str]]:
                    + (f"; units of unknown users {sorted(set(e.memory_by_user) - set(e.users))}"
                       if set(e.memory_by_user) - set(e.users) else "")),
         "collective": (e.collective_sessions is not None and len(e.collective_sessions) == len(e.users) > 0
-                       and e.collective_groups > 0 and len(e.collective_decisions) >= e.collective_groups,
+                       and e.collective_groups > 0 and len(e.collective_decisions) >= e.collective_groups
+                       and not _on_off_missing(e),
                        "never ran" if e.collective_sessions is None else
                        f"{len(e.collective_sessions)}/{len(e.users)} users' sessions, {e.collective_groups} group(s), "
-                       f"{len(e.collective_decisions)} decision(s), published {e.collective_published or 'none'}"),
+                       f"{len(e.collective_decisions)} decision(s), published {e.collective_published or 'none'}"
+                       + (f"; on/off not measured for {_on_off_missing(e)}" if _on_off_missing(e) else
+                          "; on/off measured for every user")),
     }
 
 

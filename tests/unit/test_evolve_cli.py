@@ -55,6 +55,15 @@ def test_add_list_show_log_remove(env):
     r = run("remove", "git-workflow")
     assert r.exit_code == 0 and "removed; generation 2" in r.output
     assert not (tmp / "state" / "skills" / "git-workflow").exists()
+    # The audit trail names who did it by hand, and from which host (several hosts share a bucket).
+    import getpass
+    import socket
+
+    from core.config import SkillsConfig
+    from evolve.bank import SkillBank
+    who = f"manual:{getpass.getuser()}@{socket.gethostname()}"
+    hist = SkillBank(tmp / "state" / "skills", SkillsConfig()).history()
+    assert [(h["action"], h["evolver"]) for h in hist] == [("add", who), ("remove", who)]
 
 
 @pytest.mark.parametrize("args, msg", [

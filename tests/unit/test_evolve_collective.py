@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -210,3 +211,14 @@ def test_evidence_keeps_requests_of_replayable_turns_only_and_is_pruned_once_rea
     seq = store.last_seq()
     assert store.prune(before=100.0, upto_seq=0) == 0  # not read yet: kept
     assert store.prune(before=100.0, upto_seq=seq) == 1 and [e.session_id for _, e in store.since(0)] == ["s2"]
+
+
+def test_decisions_are_an_audit_log_kept_unless_a_retention_is_set(tmp_path):
+    """Pruning read evidence keeps every decision (rejections included) unless decisions_retention_days
+    is configured."""
+    store = EvidenceStore(tmp_path)
+    store.record_decision("job-1", "backup-first", "refine", False, {"outcome": "rejected by the gate: ..."})
+    assert store.prune(before=time.time() + 10, upto_seq=store.last_seq()) == 0
+    assert [d["outcome"] for d in store.decisions()] == ["rejected by the gate: ..."]
+    store.prune(before=0.0, upto_seq=0, decisions_before=time.time() + 10)
+    assert store.decisions() == []

@@ -14,7 +14,9 @@ def closed_loop() -> Evidence:
                     active_after_window="policy-v0002", day2_adapters=["policy-v0002"] * 4,
                     users=["mei", "raj"], memory_by_user={"mei": 3, "raj": 1},
                     collective_sessions=["mei-day01", "raj-day01"], collective_groups=2,
-                    collective_decisions=["x: refine -> rejected by the gate: ...", "(no skill): skip -> ..."])
+                    collective_decisions=["x: refine -> rejected by the gate: ...", "(no skill): skip -> ..."],
+                    collective_on_off={u: {"day01": 0.4, "day02": 0.6, "day02_on": 0.6, "day02_off": 0.5}
+                                       for u in ("mei", "raj")})
 
 
 def test_a_closed_loop_passes_every_stage_in_order():
@@ -42,6 +44,10 @@ def test_a_closed_loop_passes_every_stage_in_order():
     ({"collective_sessions": None}, "collective"),  # the job never ran
     ({"collective_sessions": ["mei-day01"]}, "collective"),  # raj's session was not read
     ({"collective_decisions": []}, "collective"),
+    ({"collective_on_off": {}}, "collective"),  # day 2 was never measured with the loop on and off
+    ({"collective_on_off": {"mei": {"day01": 0.4, "day02": 0.6, "day02_on": 0.6, "day02_off": 0.5},
+                            "raj": {"day01": 0.4, "day02": 0.6, "day02_on": None, "day02_off": None}}},
+     "collective"),
 ])
 def test_a_missing_stage_is_named(change, stage):
     ev = closed_loop()
@@ -63,3 +69,11 @@ def test_a_window_that_trained_nothing_says_why():
     ev.evening = ["+31s run_started reason=window", "+40s run_finished reason=window stop_reason=stop_requested"]
     grpo = next(v for v in evaluate(ev) if v.stage == "grpo_steps")
     assert "run ended: stop_requested" in grpo.detail and "+40s run_finished" in grpo.detail
+
+
+def test_the_on_off_plot_has_a_bar_per_user_and_measure(tmp_path):
+    from harness.plots import plot_on_off
+
+    rows = closed_loop().collective_on_off
+    png = plot_on_off(rows, tmp_path / "collective.png", ["backup-first"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
