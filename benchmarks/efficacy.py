@@ -34,14 +34,16 @@ def markdown(result: dict[str, Any], png: str) -> str:
         o, last = s["overall"], s["days"][-1]
         rows.append(f"| {cond} | {cell(o['accuracy'], o['accuracy_ci'])} | {cell(o['completion'], o['completion_ci'])}"
                     f" | {last['skills']:.1f} | {last['adapters']:.1f} |")
-    claims = [f"- {o['lower']} < {o['higher']}: gap {o['gap']:+.3f}, CI {o['ci']:.3f} -> "
-              f"{'holds' if o['holds'] else 'does not hold'}" if o["ci"] is not None else
+    claims = [f"- {o['lower']} < {o['higher']}: gap {o['gap']:+.3f}, paired CI {o['ci']:.3f}"
+              + (f" (unpaired {o['ci_unpaired']:.3f})" if o.get("ci_unpaired") is not None else "")
+              + f" -> {'holds' if o['holds'] else 'does not hold'}" if o["ci"] is not None else
               f"- {o['lower']} < {o['higher']}: gap {o['gap']:+.3f} (one seed: no interval)"
               for o in result["ordering"]]
     return "\n".join([
         f"# efficacy\n\n`clawray bench` on {result['workload']} with model {result['model']}, seeds "
         f"{result['seeds']} (mean ± 95% Student-t interval over seeds), each run on a fresh system.\n",
-        *rows, "", "Claims (a gap holds when it is larger than the sum of the two intervals):", "", *claims, "",
+        *rows, "", "Claims (a gap holds when it is larger than the 95% interval of the per-seed differences: the runs of a "
+        "seed replay the same sessions with the same sampling seeds; unpaired: the sum of the two intervals):", "", *claims, "",
         f"![accuracy per day and condition]({png})", ""])
 
 

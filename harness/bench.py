@@ -259,7 +259,7 @@ def run_bench(workload_dir: Path, conditions: list[str], seeds: int, out: Path, 
               "teacher": teacher,
               "conditions": conditions,
               "seeds": list(range(seed0, seed0 + seeds)), "rounds_per_day": rounds, "skipped": skipped,
-              "summary": summary, "ordering": bench_stats.ordering(summary), "runs": runs, "time": time.time()}
+              "summary": summary, "ordering": bench_stats.ordering(summary, runs=runs), "runs": runs, "time": time.time()}
     (out / "bench.json").write_text(json.dumps(result, indent=2))
     bench_stats.plot(summary, out / "bench.png", f"{workload.name} ({result['model']}): {seeds} seed(s)")
     print_result(result, console)
@@ -284,7 +284,8 @@ def print_result(result: dict[str, Any], console) -> None:
     for o in result["ordering"]:
         verdict = {True: "[green]holds[/]", False: "[red]does not hold[/]", None: "no CI (one seed)"}[o["holds"]]
         ci = f"{o['ci']:.3f}" if o["ci"] is not None else "-"
-        console.print(f"{o['lower']} < {o['higher']}: gap {o['gap']:+.3f}, CI {ci}: {verdict}")
+        unpaired = f" (unpaired {o['ci_unpaired']:.3f})" if o.get("ci_unpaired") is not None else ""
+        console.print(f"{o['lower']} < {o['higher']}: gap {o['gap']:+.3f}, paired CI {ci}{unpaired}: {verdict}")
     for day, why in result["skipped"].items():
         console.print(f"skipped in {day}: {'; '.join(why)}")
 

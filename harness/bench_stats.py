@@ -74,17 +74,34 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def ordering(summary: dict[str, Any], key: str = "accuracy") -> list[dict[str, Any]]:
+def paired_gaps(runs: Sequence[dict[str, Any]], lo: str, hi: str, key: str = "accuracy") -> list[float]:
+    """Per seed that ran both conditions, `hi`'s overall `key` minus `lo`'s (in seed order)."""
+    by = {(r["condition"], r["seed"]): overall(r)[key] for r in runs}
+    seeds = sorted({s for c, s in by if c == lo} & {s for c, s in by if c == hi})
+    return [by[(hi, s)] - by[(lo, s)] for s in seeds]
+
+
+def ordering(summary: dict[str, Any], key: str = "accuracy",
+             runs: Sequence[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """For each claim among the conditions present (`claims`: baseline < skills < full, full < groups,
-    full < opd): the gap of the overall means and whether it is larger than its confidence interval. The interval of a difference
-    of two independent means is taken conservatively as the sum of the two half-widths (the intervals do
-    not overlap); with one seed there is no interval and `holds` is None."""
+    full < opd): the gap of the overall means and whether it is larger than its confidence interval.
+
+    The runs of one seed are paired: every condition replays the same sessions with the same sampling
+    seeds (harness/driver.py `request_seed`), so what differs between them is the condition. With `runs`,
+    the interval of a gap is the Student-t interval of the per-seed differences (`ci`), the interval of a
+    paired design. `ci_unpaired` is the overlap criterion (the sum of the two conditions' half-widths),
+    which ignores the pairing and is more conservative; both are reported, the claim is judged on `ci`
+    (on `ci_unpaired` without `runs`). With one seed there is no interval and `holds` is None."""
     out = []
     for lo, hi in claims(summary):
         a, b = summary[lo]["overall"], summary[hi]["overall"]
         gap = b[key] - a[key]
-        ci = None if a[f"{key}_ci"] is None or b[f"{key}_ci"] is None else a[f"{key}_ci"] + b[f"{key}_ci"]
-        out.append({"lower": lo, "higher": hi, "gap": gap, "ci": ci,
+        unpaired = None if a[f"{key}_ci"] is None or b[f"{key}_ci"] is None else a[f"{key}_ci"] + b[f"{key}_ci"]
+        ci = unpaired
+        if runs is not None:
+            diffs = paired_gaps(runs, lo, hi, key)
+            ci = mean_ci(diffs)[1] if diffs else None
+        out.append({"lower": lo, "higher": hi, "gap": gap, "ci": ci, "ci_unpaired": unpaired,
                     "holds": None if ci is None else bool(gap > ci)})
     return out
 

@@ -46,6 +46,20 @@ def test_summary_and_ordering_over_seeds():
     assert (b["lower"], b["higher"], b["holds"]) == ("skills", "full", False)  # gap inside its interval
 
 
+def test_paired_gaps_judge_a_consistent_improvement_that_the_overlap_rule_misses():
+    """Seeds differ a lot (the same sessions are harder in one seed), but full beats skills by 0.05 in every
+    seed: the per-seed differences have a tight interval; the two conditions' intervals overlap."""
+    runs = [run("skills", s, [0.3 + 0.2 * s]) for s in range(3)]
+    runs += [run("full", s, [0.35 + 0.2 * s + 0.01 * s]) for s in range(3)]
+    summary = bs.summarize(runs)
+    assert bs.paired_gaps(runs, "skills", "full") == pytest.approx([0.05, 0.06, 0.07])
+    (o,) = bs.ordering(summary, runs=runs)
+    assert o["gap"] == pytest.approx(0.06) and o["ci"] == pytest.approx(4.302653 * 0.01 / math.sqrt(3), rel=1e-5)
+    assert o["holds"] and o["ci_unpaired"] > o["gap"]
+    (u,) = bs.ordering(summary)  # without the runs: the overlap rule only
+    assert u["ci"] == u["ci_unpaired"] and not u["holds"]
+
+
 def test_ordering_with_one_seed_has_no_verdict_and_skips_absent_conditions():
     summary = bs.summarize([run("baseline", 0, [0.1]), run("full", 0, [0.5])])
     (o,) = bs.ordering(summary)
