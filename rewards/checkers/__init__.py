@@ -33,6 +33,7 @@ CHECKERS: dict[str, Checker] = {
     "command": command.command,
     "file_check": command.file_check,
     "lowercase": style.lowercase,
+    "uppercase": style.uppercase,
 }
 
 __all__ = [

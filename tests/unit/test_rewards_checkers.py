@@ -243,3 +243,15 @@ def test_lowercase_gives_partial_credit():
 
     with pytest.raises(CheckerSpecError):
         evaluate({"type": "lowercase", "threshold": 3}, "x", None)
+
+
+def test_uppercase_mirrors_lowercase():
+    from rewards.checkers import CheckerSpecError, evaluate
+
+    assert evaluate({"type": "uppercase"}, "SHIP THE ETA EXPORT", None).score == 1.0
+    half = evaluate({"type": "uppercase"}, "abCD", None)
+    assert half.score == 0.5 and not half.passed and half.checker == "uppercase"
+    assert evaluate({"type": "uppercase", "threshold": 0.5}, "abCD", None).passed
+    assert evaluate({"type": "uppercase"}, "42", None).score == 0.0
+    with pytest.raises(CheckerSpecError, match="uppercase: threshold"):
+        evaluate({"type": "uppercase", "threshold": 0}, "X", None)
