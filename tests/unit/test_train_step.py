@@ -95,8 +95,12 @@ def test_a_token_budget_splits_micro_batches_and_equals_one_big_batch(model_path
     samples = [make([3 + i, 4] * (1 + i), [20 + i, 21, 22][: 1 + i % 3], reward=float(i % 2)) for i in range(6)]
     one = _lora_after_one_step(model_path, samples)
     split = _lora_after_one_step(model_path, copy.deepcopy(samples), micro_batch_tokens=12)
+    # Unpadded micro-batches sum the same gradients in another order (and attend without padding), and Adam
+    # divides by sqrt(v): a weight whose gradient is ~0 moves by a float-noise fraction of a step. CI saw
+    # 2.2e-6 on one of 512 weights; atol 1e-5 is 0.1% of one step at the lr used here (1e-2), far below
+    # what a wrong token sum or a lost micro-batch changes (a whole step).
     for k in one:
-        torch.testing.assert_close(one[k], split[k], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(one[k], split[k], rtol=1e-4, atol=1e-5)
 
 
 def test_micro_batch_plans_respect_the_budget_and_every_worker_runs_as_many():
