@@ -139,7 +139,8 @@ class Evolver:
             omls = tuple(collective["omls"]) if collective.get("omls") else None
             self._collective = CollectiveRunner(self._bank, evolver_cfg.collective, collective["storage_root"],
                                                 collective.get("state"), self._replay, collective.get("gate"), omls,
-                                                evolver_cfg.llm, self._loop.lock)
+                                                evolver_cfg.llm, self._loop.lock,
+                                                sync=self._publish if self._mirror is not None else None)
         # Each at 0 from the start: a first rejection must show as an increase (core/metrics.py).
         self._counters = {k: zero_counter(c) for k, c in {
             "evolutions_triggered": Counter("clawray_evolutions_triggered_total", "Evolutions started."),
@@ -254,20 +255,27 @@ class Evolver:
             return None
         return self._mirror.publish()
 
-    async def _publish(self) -> None:
+    async def _publish(self) -> list[str]:
         """Publish a committed change to the bucket, in a thread (the bank's lock file keeps the staged
-        copy whole); Proxy replicas on every host follow it."""
+        copy whole); Proxy replicas on every host follow it. Returns the skills whose change here lost to a
+        change another host published first (evolve/mirror.py `Published.lost`): the collective job decides
+        those again; a fast-loop lesson among them stays in the history only (its failures teach again)."""
         if self._mirror is None or not self._mirror.changed():
-            return
+            return []
         async with self._publishing:
             try:
                 out = await asyncio.to_thread(self._mirror.publish)
             except Exception as e:  # noqa: BLE001 - bucket unreachable or slow: the change stays local and
                 self._publish_errors += 1  # goes out after the next turn (`changed()` still says so)
                 log.warning("publishing the skill library failed (retried after the next turn): %s", e)
-                return
+                return []
+            lost = list(out.lost if out is not None else self._mirror.lost_since_publish)
+        if lost:
+            self._bank.reload()
+            log.warning("skills %s: another host published a change first; kept its version", lost)
         if out is not None and out.merged:  # the merged library has a generation no evolution announced
             await self._replay.end_evolution(None, int(out.record["generation"]), [])
+        return lost
 
     def _done(self, report: EvolutionReport | None) -> dict[str, Any] | None:
         self._export()

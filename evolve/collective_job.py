@@ -10,7 +10,9 @@ is on; a rejected candidate changes nothing for anyone.
 No lost update: a publish is a compare-and-swap on the skill's version (`expected_versions`): when
 another writer (the per-user fast loop, a second job, `clawray skills`) changed the skill since the
 decision was made, the bank refuses and the job decides again on the new base (`cas_retries` times),
-never overwriting it. The cursor is compare-and-swapped too (core/kv.py): a second job that read the same
+never overwriting it. With the library in a bucket the same holds across hosts: the job publishes each
+change to the bucket at once (`sync`), and a change another host published first wins there
+(evolve/mirror.py); the job's change comes back as lost and is decided again on that version. The cursor is compare-and-swapped too (core/kv.py): a second job that read the same
 rows decides on the library the first one published, so it does not publish the same change twice.
 
 Support/query separation: before a publish the job claims the failed turns it learned from as support in
@@ -23,6 +25,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,6 +40,7 @@ from evolve.loop import NoReplay, ReplayLink
 from evolve.scopes import check_scope, scope_of
 
 log = logging.getLogger(__name__)
+Sync = Callable[[], Awaitable[list[str]]]
 CURSOR_KEY = "collective.cursor"
 FENCE_TTL_S = 120.0
 
@@ -66,8 +70,11 @@ class CollectiveJob:
 
     def __init__(self, bank: SkillBank, store: EvidenceStore, cursor: KVStore, cfg: CollectiveConfig,
                  validator: Validator | None, replay: ReplayLink | None = None, name: str = "collective",
-                 decider: Any = None):
+                 decider: Any = None, sync: Sync | None = None):
         self.bank, self.store, self.cursor, self.cfg = bank, store, cursor, cfg
+        # With the library in a bucket (evolve/mirror.py): publish a change to it at once and return the
+        # skills whose change lost to another host's published first (decided again, like a CAS conflict).
+        self.sync = sync
         self.decider = decider  # evolve/collective_llm.py LLMDecider; None: the offline decisions
         self.validator, self.replay, self.name = validator, replay or NoReplay(), name
         if cfg.gate.enabled and validator is None:
@@ -181,7 +188,7 @@ class CollectiveJob:
         cand: Skill = d.candidate  # type: ignore[assignment]
         failed = [e.turn_id for s in members for e in s.rows if e.failed]
         token, claimed = await self.replay.begin_evolution(failed, FENCE_TTL_S)
-        generation = None
+        generation, release = None, claimed  # nothing published: the claimed failures go back
         try:
             notes = {cand.name: {"summary": d.summary, "evidence": d.evidence, "validation": v.as_dict(),
                                  "base_version": d.base_version, "decision": d.action}}
@@ -194,9 +201,16 @@ class CollectiveJob:
             if not result.accepted:
                 return "unchanged (the library already holds this text)"
             generation = result.generation
+            if self.sync is not None and cand.name in await self.sync():
+                # Another host published a change of this skill first: its version is in the folder now, as
+                # a new generation (which the fence announces); this candidate is decided again on it.
+                self.bank.reload()
+                generation = self.bank.generation
+                return "conflict"
+            release = []
             return "published"
         finally:
-            await self.replay.end_evolution(token, generation, [] if generation is not None else claimed)
+            await self.replay.end_evolution(token, generation, release)
 
     def _record(self, report: JobReport, d: Decision, v: Verdict | None, published: bool, outcome: str) -> None:
         name = d.candidate.name if d.candidate is not None else d.group

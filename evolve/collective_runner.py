@@ -26,7 +26,7 @@ from core.config import CollectiveConfig, LLMEndpoint
 from core.contracts import Sample, Turn, TurnType
 from core.kv import control_store
 from evolve.bank import SkillBank
-from evolve.collective_job import CollectiveJob, JobReport
+from evolve.collective_job import CollectiveJob, JobReport, Sync
 from evolve.evidence import EvidenceStore, evidence_from
 from evolve.gate import GateYielded, Validator
 from evolve.loop import ReplayLink
@@ -87,11 +87,12 @@ class CollectiveRunner:
     """Args: the bank the Evolver writes, the config section, the storage root and state config (for the
     evidence store and the job's cursor), the replay link, and `gate`: {"engine": {deployment, app,
     model}, "prms": [names], "namespace"} (None: no gate can be wired, so the job runs only with the gate
-    off)."""
+    off); `sync`: publishes the library to its bucket now, returning the skills whose change lost to another
+    host's (the Evolver's, when the library is mirrored; evolve/collective_job.py)."""
 
     def __init__(self, bank: SkillBank, cfg: CollectiveConfig, storage_root: str, state: dict | None,
                  replay: ReplayLink, gate: dict[str, Any] | None, omls: tuple[str, str] | None = None,
-                 llm: LLMEndpoint | None = None, lock: asyncio.Lock | None = None):
+                 llm: LLMEndpoint | None = None, lock: asyncio.Lock | None = None, sync: Sync | None = None):
         self.cfg, self.bank, self.omls = cfg, bank, omls
         self.store = EvidenceStore(Path(storage_root), state)
         validator = None
@@ -108,7 +109,7 @@ class CollectiveRunner:
 
             decider = LLMDecider(LLMClient(cfg.llm or llm))
         self.job = (CollectiveJob(bank, self.store, control_store(storage_root, state), cfg, validator, replay,
-                                  decider=decider)
+                                  decider=decider, sync=sync)
                     if validator is not None or not cfg.gate.enabled else None)
         # Every run and promotion holds `lock` (the fast loop's: evolve/loop.py `EvolutionLoop.lock`), so
         # no two writers of the bank decide on the same library at once, scheduled runs included.

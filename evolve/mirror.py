@@ -18,7 +18,9 @@ after the one the folder is based on and creates the record. Losing the create, 
 newer than its base, means another writer published (a `clawray skills` command, or a second Evolver):
 it logs loudly, merges that snapshot into the folder and publishes the result as the next version. The
 merge is three-way per skill folder against the base: a skill changed on one side only takes that
-change; one changed on both keeps this writer's; the other side's history lines are appended (the local
+change; one changed on both keeps the published one (this writer lost the race for the version: its
+change is returned as `Published.lost`, recorded in the history as lost, and decided again by the caller,
+as a compare-and-swap conflict is; a deletion never beats an edit); the other side's history lines are appended (the local
 history only grows, so the bank's reader follows it as it follows any other writer), and the generation
 becomes max(both) + 1: the merged library is new to every reader. `pull()` runs the same merge at Evolver
 start, before the bank loads: an empty folder (a new host) simply becomes the newest snapshot with its
@@ -46,7 +48,7 @@ import socket
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -99,8 +101,10 @@ def units(files: dict[str, str]) -> dict[str, str]:
 def merge_units(base: dict[str, str], ours: dict[str, str],
                 theirs: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     """Three-way merge of {unit: digest} maps (pure). Returns ({unit: "ours" | "theirs"} for every unit
-    the merged library holds, the units both sides changed differently). A change on one side wins; on
-    both, ours wins (this writer publishes last), except that a deletion never beats an edit."""
+    the merged library holds, the units both sides changed differently). A change on one side wins. On
+    both sides, the change already published wins (theirs): this writer lost the race for the version, as a
+    compare-and-swap loses, and its change is decided again on the new base (`Published.lost`), never
+    written over the other's. The one exception: a deletion never beats an edit, whichever side edited."""
     pick: dict[str, str] = {}
     conflicts: list[str] = []
     for unit in sorted(set(base) | set(ours) | set(theirs)):
@@ -111,7 +115,7 @@ def merge_units(base: dict[str, str], ours: dict[str, str],
             side, value = "theirs", t
         else:
             conflicts.append(unit)
-            side, value = ("ours", o) if o is not None else ("theirs", t)
+            side, value = ("theirs", t) if t is not None else ("ours", o)
         if value is not None:
             pick[unit] = side
     return pick, conflicts
@@ -202,6 +206,9 @@ class Staged:
 class Published:
     record: dict[str, Any]
     merged: bool  # another writer's snapshot was merged in first: the generation went past both
+    # Skills this writer changed that another writer had changed and published first: the folder now holds
+    # the published text (the loser's text stays in the history); the caller decides its change again.
+    lost: list[str] = field(default_factory=list)
 
 
 class SkillMirror:
@@ -214,6 +221,7 @@ class SkillMirror:
         self.folder.mkdir(parents=True, exist_ok=True)
         self._lock = FileLock(self.folder / store.LOCK_FILE)  # the bank's lock file: flock excludes its writes
         self._clean: tuple[int, str | None] | None = None  # fingerprint when nothing was left to publish
+        self.lost_since_publish: list[str] = []  # skills of the last `publish` that lost to another writer's
         self.writer = f"{socket.gethostname()}:{os.getpid()}"
 
     @property
@@ -245,8 +253,10 @@ class SkillMirror:
         return self._fingerprint() != self._clean
 
     def publish(self) -> Published | None:
-        """Publish the folder as the next version unless it equals its base; None when it does."""
+        """Publish the folder as the next version unless it equals its base; None when it does (also when
+        every change of this folder lost to another writer's: `lost_since_publish` lists them)."""
         merged = False
+        self.lost_since_publish: list[str] = []
         for _ in range(MAX_TRIES):
             staged = self._stage()
             if staged is None:
@@ -264,8 +274,8 @@ class SkillMirror:
                     log.warning("pruning old skill snapshots failed: %s", e)
                 log.info("skills v%d published (generation %d, %d files)", record["version"],
                          record["generation"], len(record["files"]))
-                return Published(record, merged)
-            self._merge_newest()
+                return Published(record, merged, list(self.lost_since_publish))
+            self.lost_since_publish += self._merge_newest()
             merged = True
         raise RuntimeError(f"could not publish the skill library under {self.blobs.uri(SKILLS)}")
 
@@ -338,18 +348,19 @@ class SkillMirror:
         self.blobs.delete(key)  # another writer took this version: ours is an orphan
         return None
 
-    def _merge_newest(self) -> None:
+    def _merge_newest(self) -> list[str]:
+        """Merge the newest snapshot into the folder; the units of ours that lost to it."""
         for _ in range(MAX_TRIES):
             versions = self.versions()
             record = self.record(versions[-1]) if versions else None
             if record is not None or not versions:
                 break  # else pruned between the LIST and the read: list again
         if record is None:
-            return
+            return []
         with tempfile.TemporaryDirectory(prefix="clawray-skills-pull-") as tmp:
-            self._merge_in(record, download(self.blobs, record, Path(tmp) / "snapshot"))
+            return self._merge_in(record, download(self.blobs, record, Path(tmp) / "snapshot"))
 
-    def _merge_in(self, record: dict[str, Any], theirs: Path) -> None:
+    def _merge_in(self, record: dict[str, Any], theirs: Path) -> list[str]:
         """Make the folder hold `record`'s snapshot (downloaded at `theirs`) merged with its own changes
         since the base; the base becomes `record`. Files first, then history, then the generation: the
         order of a bank commit, so the bank's reader (of this or another process) follows it."""
@@ -372,18 +383,22 @@ class SkillMirror:
                     "`clawray skills` command, or a SECOND Evolver (only one should run). Merging it with this "
                     "folder's changes as generation %d%s", record["version"], record.get("writer", "?"),
                     int(base.get("version", 0)), generation,
-                    f"; both changed {', '.join(conflicts)}: keeping this writer's" if conflicts else "")
+                    f"; both changed {', '.join(conflicts)}: the published change wins, this writer's is "
+                    "decided again" if conflicts else "")
             else:
                 pick, conflicts, generation = dict.fromkeys(theirs_u, "theirs"), [], theirs_gen
+            lost = [u for u in conflicts if pick.get(u) == "theirs"]
+            lost_sha = {u: ours.get(f"{u}/SKILL.md") for u in lost}
             for unit in sorted(set(ours_u) | set(theirs_u)):
                 if pick.get(unit) == "theirs" and ours_u.get(unit) != theirs_u[unit]:
                     self._take_unit(theirs, unit)
                 elif unit not in pick and unit in ours_u:
                     self._drop_unit(unit)
-            self._append_history(theirs, record, generation if local else None, conflicts)
+            self._append_history(theirs, record, generation if local else None, conflicts, lost_sha)
             if generation != ours_gen or store.GENERATION_FILE not in ours:
                 atomic_write_text(self.folder / store.GENERATION_FILE, f"{generation}\n")
             atomic_write_json(self.folder / MARKER, record)
+            return lost
 
     def _take_unit(self, theirs: Path, unit: str) -> None:
         src, dst = theirs / unit, self.folder / unit
@@ -414,7 +429,10 @@ class SkillMirror:
             path.unlink(missing_ok=True)
 
     def _append_history(self, theirs: Path, record: dict[str, Any], generation: int | None,
-                        conflicts: list[str]) -> None:
+                        conflicts: list[str], lost_sha: dict[str, str | None]) -> None:
+        """Their lines this history lacks, then the merge record, then one "lost" record per skill of ours
+        that lost to theirs: it names the text (sha256) that is no longer any version of it (evolve/versions.py
+        `lost_texts`), so the version both sides numbered alike is the published one."""
         path = self.folder / store.HISTORY_FILE
         ours = path.read_bytes() if path.is_file() else b""
         their_hist = theirs / store.HISTORY_FILE
@@ -424,6 +442,13 @@ class SkillMirror:
                                  "version": 0, "evolver": "mirror", "origin_sessions": [],
                                  "merged_version": record["version"], "conflicts": conflicts},
                                 sort_keys=True) + "\n").encode()
+            for unit, sha in sorted(lost_sha.items()):
+                data += (json.dumps({"ts": store.utc_now(), "action": "lost", "name": unit, "generation": generation,
+                                     "version": 0, "evolver": "mirror", "origin_sessions": [], "lost_sha256": sha,
+                                     "winner": record.get("writer", "?"), "merged_version": record["version"],
+                                     "summary": "this writer's change lost the race to a version published "
+                                                "first; it is decided again on that version"},
+                                    sort_keys=True) + "\n").encode()
         if not data:
             return
         if ours and not ours.endswith(b"\n"):

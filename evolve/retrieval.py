@@ -236,9 +236,12 @@ def render_skills_block(skills: Sequence[Skill]) -> str:
         return ""
     parts = ["## Active Skills", "Apply the skills below when they are relevant to the request."]
     for s in skills:
-        parts.append(f"### {s.name}\n_{s.description.strip()}_")
-        if s.body.strip():
-            parts.append(s.body.strip())
+        desc, body = s.description.strip(), s.body.strip()
+        # A lesson's description is its rule, which its body states again (evolve/evolvers.py): the block is
+        # injected into every matching turn, so the rule is said once.
+        parts.append(f"### {s.name}" if desc and desc in body else f"### {s.name}\n_{desc}_")
+        if body:
+            parts.append(body)
     return "\n\n".join(parts)
 
 

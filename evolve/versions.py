@@ -58,9 +58,25 @@ def note_heads(heads: dict[str, int], records: Iterable[dict[str, Any]]) -> None
                 heads[name] = v
 
 
+def lost_texts(records: Iterable[dict[str, Any]]) -> set[tuple[str, str]]:
+    """(name, sha256) of the texts that lost a race between two hosts (evolve/mirror.py writes a "lost"
+    record when a change published first wins over this host's): such a text is in the history (the audit
+    keeps it) but is no version of the skill, so the number both hosts wrote is the published text's."""
+    return {(r["name"], r["lost_sha256"]) for r in records
+            if r.get("action") == "lost" and isinstance(r.get("name"), str) and isinstance(r.get("lost_sha256"), str)}
+
+
+def _live(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    lost = lost_texts(records)
+    if not lost:
+        return records
+    return [r for r in records if not (r.get("action") in CONTENT and (r.get("name"), r.get("sha256")) in lost)]
+
+
 def versions_of(records: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    """The records of skill `name` that changed its state (add, update, rollback, remove), oldest first."""
-    return [r for r in records if r.get("name") == name and r.get("action") in VERSIONED]
+    """The records of skill `name` that changed its state (add, update, rollback, remove), oldest first;
+    a text that lost a race between hosts is none of them (`lost_texts`)."""
+    return [r for r in _live(records) if r.get("name") == name and r.get("action") in VERSIONED]
 
 
 def _checked_text(r: dict[str, Any]) -> str | None:
@@ -102,7 +118,7 @@ def resolve(records: list[dict[str, Any]], generation: int | None = None,
       changed: the names with an add/update/rollback/remove record after that point.
     Only valid skill names are considered (a damaged history line can never name a path outside)."""
     per_name: dict[str, list[tuple[int, dict[str, Any]]]] = {}
-    for i, r in enumerate(records):
+    for i, r in enumerate(_live(records)):
         name = r.get("name")
         if r.get("action") in VERSIONED and isinstance(name, str) and SKILL_NAME_RE.fullmatch(name):
             per_name.setdefault(name, []).append((i, r))

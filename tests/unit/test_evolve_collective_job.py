@@ -241,3 +241,49 @@ def test_only_scheduled_runs_yield_to_users_and_the_runner_counts_them(tmp_path)
     n = len(asked)
     out = asyncio.run(runner.run())  # --now: not asked
     assert out["published"] and len(asked) == n and runner.counts["runs"] == 1
+
+
+def test_a_change_another_host_published_first_is_decided_again_on_it_not_overwritten(tmp_path):
+    """The library lives in a bucket (evolve/mirror.py). Host B's job decides a refinement on version 1;
+    meanwhile host A (`clawray skills` there) publishes its own edit of the same skill. B's local
+    compare-and-swap succeeds (its folder never saw A's edit), but its publish to the bucket loses the race:
+    the job gets the skill back as lost, decides again on A's version and publishes a version with both
+    changes. Nothing A wrote is overwritten."""
+    from evolve.mirror import SkillMirror
+
+    bucket = str(tmp_path / "bucket")
+    seed = SkillMirror(bucket, tmp_path / "seed")
+    SkillBank(tmp_path / "seed", SkillsConfig()).add(BASE)
+    seed.publish()
+    host_a, host_b = SkillMirror(bucket, tmp_path / "a"), SkillMirror(bucket, tmp_path / "b")
+    host_a.pull()
+    host_b.pull()
+    a_rule = "You must prefer option D when the question is about dates."
+    decided = asyncio.Event()
+
+    async def generate(messages, max_tokens):  # B's gate replays: host A edits while they run
+        if not decided.is_set():
+            decided.set()
+            bank_a = SkillBank(tmp_path / "a", SkillsConfig())
+            old = bank_a.get("boxed-answers")
+            bank_a.add(old.model_copy(update={"body": old.body + f"\n- **Rule:** {a_rule}"}), allow_updates=True)
+            assert host_a.publish().lost == []
+        return follow_rules(messages)
+
+    async def sync():
+        out = host_b.publish()
+        return out.lost if out is not None else host_b.lost_since_publish
+
+    cfg = CollectiveConfig(min_sessions=2, gate=GateConfig(held_back=0))
+    store = EvidenceStore(tmp_path / "ev")
+    jb = CollectiveJob(SkillBank(tmp_path / "b", SkillsConfig()), store, KVStore(tmp_path / "kv.db"), cfg,
+                       Validator(cfg.gate, generate, grade), sync=sync)
+    failed_turns(store, ["carol", "dave"], "backups", "C", "You must prefer option C when the question is about backups.")
+    report = asyncio.run(jb.run())
+    assert report.published == ["boxed-answers"], report.decisions
+    reader = SkillMirror(bucket, tmp_path / "reader")
+    reader.pull()
+    body = SkillBank(tmp_path / "reader", SkillsConfig()).get("boxed-answers").body
+    assert a_rule in body and "option C when the question is about backups" in body
+    hist = SkillBank(tmp_path / "reader", SkillsConfig()).history()
+    assert [r["action"] for r in hist].count("lost") == 1

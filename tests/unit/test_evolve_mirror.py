@@ -76,7 +76,7 @@ def library(folder: Path) -> dict[str, str]:
     ({"a": "1"}, {"a": "2"}, {"a": "1"}, {"a": "ours"}, []),  # on ours only
     ({}, {"a": "1"}, {"b": "1"}, {"a": "ours", "b": "theirs"}, []),  # added on each side
     ({"a": "1", "b": "1"}, {"b": "1"}, {"a": "1"}, {}, []),  # each side deleted one
-    ({"a": "1"}, {"a": "2"}, {"a": "3"}, {"a": "ours"}, ["a"]),  # both edited: this writer's
+    ({"a": "1"}, {"a": "2"}, {"a": "3"}, {"a": "theirs"}, ["a"]),  # both edited: the one published first
     ({"a": "1"}, {}, {"a": "3"}, {"a": "theirs"}, ["a"]),  # deleted here, edited there: the edit stays
     ({"a": "1"}, {"a": "2"}, {}, {"a": "ours"}, ["a"]),
     ({}, {"a": "2"}, {"a": "2"}, {"a": "ours"}, []),  # the same change on both sides
@@ -157,6 +157,32 @@ def test_two_writers_racing_for_one_version_exactly_one_wins_and_the_other_merge
     history = SkillBank(reader.folder, CFG).history()
     assert [r["action"] for r in history][-1] == "merge" and history[-1]["generation"] == 3
     assert sum(r["action"] == "add" for r in history) == 3
+
+
+def test_an_edit_that_lost_the_race_is_not_written_over_the_published_one_and_is_reported(blob_root: str,
+                                                                                         tmp_path: Path):
+    """Two hosts edit the same skill from the same base; the one that publishes first wins. The second's
+    publish keeps the published text (never overwrites it), names the skill in `lost` for its caller to
+    decide again, and keeps its own text in the history without making it a version."""
+    seed, bank = writer(blob_root, tmp_path / "seed")
+    bank.add(sk("shared-skill", "Version one."))
+    seed.publish()
+    (ma, a), (mb, b) = writer(blob_root, tmp_path / "a"), writer(blob_root, tmp_path / "b")
+    a.add(sk("shared-skill", "A's edit."), allow_updates=True)
+    b.add(sk("shared-skill", "B's edit."), allow_updates=True)
+    b.add(sk("b-only", "B's new skill."))
+    won = ma.publish()
+    assert not won.merged and won.lost == []
+    lost = mb.publish()
+    assert lost.merged and lost.lost == ["shared-skill"]
+    b.reload()
+    assert b.get("shared-skill").body == "A's edit." and b.get("b-only") is not None  # B's other change stays
+    assert b.version_of("shared-skill") == 2 and b.text_at("shared-skill", 2) == a.text_at("shared-skill", 2)
+    texts = [r.get("text", "") for r in b.history() if r["name"] == "shared-skill"]
+    assert any("B's edit." in t for t in texts)  # the audit keeps the losing text
+    assert [r["action"] for r in b.history()][-1] == "lost"
+    reader, _ = writer(blob_root, tmp_path / "reader")  # every host sees the winner
+    assert SkillBank(reader.folder, CFG).get("shared-skill").body == "A's edit."
 
 
 def test_a_change_not_published_before_a_crash_is_merged_with_what_others_published(blob_root: str,
