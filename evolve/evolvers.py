@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapte
 
 from core.config import EvolverConfig
 from core.contracts import Skill
-from evolve.text import RULE_WORDS, STOPWORDS, detect_task_type, jaccard, topic_tokens, words
+from evolve.text import RULE_WORDS, STOPWORDS, detect_task_type, same_lesson, topic_tokens, words
 
 
 class EvolveError(RuntimeError):
@@ -126,23 +126,21 @@ class FeedbackEvolver:
 
     def distil(self, failures: list[Failure], existing: Sequence[Skill]) -> list[Skill]:
         """Synchronous core of `evolve` (pure: same input, same output)."""
-        clusters: list[tuple[str, frozenset[str], list[Failure]]] = []
+        clusters: list[tuple[str, list[Failure]]] = []
         for f in failures:
             for lesson in extract_lessons(f.feedback):
-                toks = topic_tokens(lesson)
-                for _, ctoks, members in clusters:
-                    if jaccard(toks, ctoks) >= MERGE_JACCARD:
+                for first, members in clusters:
+                    if same_lesson(lesson, first, MERGE_JACCARD):
                         if f not in members:
                             members.append(f)
                         break
                 else:
-                    clusters.append((lesson, toks, [f]))
+                    clusters.append((lesson, [f]))
         learned = [s for s in existing if isinstance(s.metadata.get("lesson"), str)]
         taken = {s.name for s in existing}
         out: list[Skill] = []
-        for lesson, toks, members in clusters:
-            match = next((s for s in learned if jaccard(toks, topic_tokens(s.metadata["lesson"]))
-                          >= MERGE_JACCARD), None)
+        for lesson, members in clusters:
+            match = next((s for s in learned if same_lesson(lesson, s.metadata["lesson"], MERGE_JACCARD)), None)
             skill = self._merge(match, members) if match else self._new(lesson, members, taken)
             taken.add(skill.name)
             out.append(skill)

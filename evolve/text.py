@@ -112,6 +112,24 @@ def topic_tokens(text: str) -> frozenset[str]:
     return frozenset(t for t in tokenize(text) if t not in RULE_WORDS)
 
 
+_MODAL_RE = re.compile(r"\b(must|should|shall|need to|needs to|have to|has to)\b", re.I)
+
+
+def same_lesson(a: str, b: str, threshold: float) -> bool:
+    """Whether lessons `a` and `b` say the same thing: their topic tokens overlap by `threshold` (Jaccard)
+    AND, where both name what they are about before a modal verb ("status updates must ..."), the subjects
+    overlap too. "Ticket titles must be written in lowercase only" and "Status updates must be written in
+    lowercase only" share most words but are rules about different things."""
+    if jaccard(topic_tokens(a), topic_tokens(b)) < threshold:
+        return False
+    sa, sb = (_MODAL_RE.split(x, maxsplit=1) for x in (a, b))
+    if len(sa) > 1 and len(sb) > 1:
+        ta, tb = topic_tokens(sa[0]), topic_tokens(sb[0])
+        if ta and tb and jaccard(ta, tb) < 0.5:
+            return False
+    return True
+
+
 def jaccard(a: frozenset[str] | set[str], b: frozenset[str] | set[str]) -> float:
     """|a ∩ b| / |a ∪ b|, 0.0 for two empty sets."""
     union = len(a | b)

@@ -227,3 +227,22 @@ def test_the_task_excerpt_is_the_question_without_its_options_or_the_previous_fe
     # a task without options keeps its whole text (cut to the excerpt's length)
     (plain,) = FeedbackEvolver().distil([fail(BACKUP_1, instruction="Rewrite day01/a.json.\nUse write_file.")], [])
     assert plain.body.endswith('"Rewrite day01/a.json. Use write_file."')
+
+
+def test_rules_in_the_same_words_about_different_things_are_different_lessons():
+    """'Ticket titles must be ... lowercase' is not 'Status updates must be ... lowercase': a merge by shared
+    words alone (seen: the second rule vanished into the first skill) loses a preference."""
+    from evolve.evolvers import Failure, FeedbackEvolver
+
+    status = Failure("Post a short note.", "X", "Status updates must be written in lowercase only, no capital letters.",
+                     -1.0, "s1", "a")
+    ticket = Failure("Write a ticket title.", "X", "Ticket titles must be written in lowercase only, no capital letters.",
+                     -1.0, "s2", "b")
+    skills = FeedbackEvolver().distil([status, ticket], [])
+    assert sorted(s.description for s in skills) == [
+        "Status updates must be written in lowercase only, no capital letters.",
+        "Ticket titles must be written in lowercase only, no capital letters."]
+    again = FeedbackEvolver().distil([ticket], skills[:1])  # the status skill exists: the ticket rule is new
+    assert [s.description for s in again] == ["Ticket titles must be written in lowercase only, no capital letters."]
+    same = FeedbackEvolver().distil([status], skills)  # the same rule again: merged, not a second skill
+    assert [s.name for s in same] == [next(s.name for s in skills if s.description.startswith("Status"))]
