@@ -142,3 +142,15 @@ def test_skill_search_disabled_returns_nothing(tmp_path: Path):
     bank = SkillBank(tmp_path, cfg)
     bank.add_batch(LIBRARY)
     assert SkillSearch(bank, cfg).retrieve("modify config.json") == []
+
+
+def test_a_lessons_rule_is_rendered_once():
+    """A feedback lesson's description is its rule and its body states it again: the block says it once
+    (it is injected into every matching turn); a description the body does not hold is kept."""
+    lesson = Skill(name="status-lowercase", description="Status updates must be written in lowercase only.",
+                   category="general", body="- **Rule:** Status updates must be written in lowercase only.\n"
+                                            "- **Seen in the task:** \"Post a short note.\"")
+    block = render_skills_block([lesson, LIBRARY[0]])
+    assert block.count("Status updates must be written in lowercase only.") == 1
+    assert "### status-lowercase\n\n- **Rule:**" in block
+    assert f"_{LIBRARY[0].description.strip()}_" in block
