@@ -186,24 +186,49 @@ def anthropic_input(usage: dict[str, Any]) -> int:
     return sum(usage.get(k) or 0 for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
 
 
-def received(ex: dict[str, Any]) -> tuple[str, int | None]:
-    """The text the agent received from a model exchange, and the prompt tokens the response reported."""
+def _args(raw: Any) -> Any:
+    """Tool-call arguments compared as data: JSON text (OpenAI) and an object (Anthropic `input`) alike."""
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            return raw
+    return raw
+
+
+def stored_calls(turn) -> list[tuple[str, Any]]:
+    """(name, arguments) of the tool calls a captured turn holds (the OpenAI shape, every API)."""
+    return [((c.get("function") or {}).get("name"), _args((c.get("function") or {}).get("arguments")))
+            for c in turn.tool_calls]
+
+
+def received(ex: dict[str, Any]) -> tuple[str, int | None, list[tuple[str, Any]]]:
+    """The text the agent received from a model exchange, the prompt tokens the response reported, and the
+    tool calls it received (name, arguments), read from the exchange as the agent's SDK reads it."""
     route = ex["path"].split("?")[0]
     if "text/event-stream" not in ex["response_headers"].get("content-type", ""):
         body = json.loads(ex["response_body"])
         if route == "/v1/chat/completions":
-            return body["choices"][0]["message"].get("content") or "", body["usage"]["prompt_tokens"]
+            msg = body["choices"][0]["message"]
+            calls = [(c["function"]["name"], _args(c["function"]["arguments"])) for c in msg.get("tool_calls") or []]
+            return msg.get("content") or "", body["usage"]["prompt_tokens"], calls
         if route == "/v1/messages":
-            return "".join(b.get("text", "") for b in body["content"]), anthropic_input(body["usage"])
+            calls = [(b["name"], b.get("input")) for b in body["content"] if b.get("type") == "tool_use"]
+            return "".join(b.get("text", "") for b in body["content"]), anthropic_input(body["usage"]), calls
+        calls = [(o["name"], _args(o["arguments"])) for o in body["output"] if o.get("type") == "function_call"]
         return ("".join(c.get("text", "") for o in body["output"] for c in o.get("content") or []),
-                body["usage"]["input_tokens"])
+                body["usage"]["input_tokens"], calls)
     events = sse_events(ex["response_body"])
-    text, prompt = [], None
+    text, prompt, slots = [], None, {}
     if route == "/v1/chat/completions":
         assert events[-1][1] is None, "a chat stream ends with [DONE]"
         for _, d in events[:-1]:
             for c in d.get("choices") or []:
                 text.append(c["delta"].get("content") or "")
+                for tc in c["delta"].get("tool_calls") or []:
+                    slot = slots.setdefault(tc.get("index", 0), ["", ""])
+                    slot[0] += (tc.get("function") or {}).get("name") or ""
+                    slot[1] += (tc.get("function") or {}).get("arguments") or ""
             prompt = (d.get("usage") or {}).get("prompt_tokens", prompt)
     elif route == "/v1/messages":
         names = [n for n, _ in events]
@@ -212,8 +237,12 @@ def received(ex: dict[str, Any]) -> tuple[str, int | None]:
             assert d["type"] == name, (name, d)
             if name == "message_start":
                 prompt = anthropic_input(d["message"]["usage"])
+            elif name == "content_block_start" and d["content_block"]["type"] == "tool_use":
+                slots[d["index"]] = [d["content_block"]["name"], ""]
             elif name == "content_block_delta" and d["delta"]["type"] == "text_delta":
                 text.append(d["delta"]["text"])
+            elif name == "content_block_delta" and d["delta"]["type"] == "input_json_delta":
+                slots[d["index"]][1] += d["delta"]["partial_json"]
     else:
         names = [n for n, _ in events]
         assert names[0] == "response.created" and names[-1] == "response.completed", names
@@ -221,9 +250,12 @@ def received(ex: dict[str, Any]) -> tuple[str, int | None]:
             assert d["type"] == name, (name, d)
             if name == "response.output_text.delta":
                 text.append(d["delta"])
+            elif name == "response.output_item.done" and d["item"]["type"] == "function_call":
+                slots[d["output_index"]] = [d["item"]["name"], d["item"]["arguments"]]
             elif name == "response.completed":
                 prompt = d["response"]["usage"]["input_tokens"]
-    return "".join(text), prompt
+    calls = [(n, _args(a or "{}")) for _, (n, a) in sorted(slots.items())]
+    return "".join(text), prompt, calls
 
 
 @pytest.fixture(scope="module")
@@ -269,13 +301,14 @@ def check_turns(live, tok, before: set[str], model: list[dict[str, Any]], tenant
     turns = [t for t in session_turns(live["state"]) if t.turn_id not in before]
     assert len(turns) == len(kept), (len(turns), len(kept), len(side))
     pending, pairs = list(turns), []
-    for i in kept:  # each exchange is one turn: the text the agent got, token-exact
-        text, prompt_tokens = seen[model.index(main[i])]
+    for i in kept:  # each exchange is one turn: the text and tool calls the agent got, token-exact
+        text, prompt_tokens, calls = seen[model.index(main[i])]
         turn = next((t for t in pending if t.response_text == text
                      and prompt_tokens in (None, len(t.prompt_ids))), None)
         assert turn is not None, (text, prompt_tokens, [(t.response_text, len(t.prompt_ids)) for t in pending])
         pending.remove(turn)
         pairs.append((i, turn))
+        assert stored_calls(turn) == calls, (stored_calls(turn), calls)
         assert text in tok.decode(turn.response_ids, skip_special_tokens=True) or turn.tool_calls
         assert turn.max_tokens_granted <= MAX_OUTPUT and len(turn.response_ids) <= MAX_OUTPUT
         assert turn.session_id.startswith("derived-")  # the agent sent no clawray session id
