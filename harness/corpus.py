@@ -14,7 +14,8 @@ words tell the rules apart), and an example without its
 family's rule in the prompt is answered by a rule drawn uniformly, so the bare model can only guess: the
 hidden preference that feedback reveals, skills carry, and RL can internalise. Families (the task types of
 workloads/clawray-mini): timestamp formats, file names, backing up before editing (multiple choice) and
-the casing of status updates (free text).
+the casing of status updates and of ticket titles (free text; the two families' rules use the same
+words but for their own kind of text, so the model must read the rule of the task's kind).
 
 A multiple-choice reply marks every option first (`A+ B- C+` : matches the rule or not), then boxes the
 marked letters (`\\bbox{A,C}`): one decision per option, each a lookup of one option line against the told
@@ -71,8 +72,8 @@ class Example:
     rule: str  # key of the rule that decided the reply
     told: bool  # the rule was in the prompt (a skill of its family)
     spec: dict[str, Any] = field(default_factory=dict)  # the checker spec that scores the reply
-    # messages[-2] is an assistant reply that is as right as `reply` (its family's rule told, or a guess):
-    # a trainer may take the loss on it too (one more supervised reply for little more compute)
+    # every earlier assistant reply is as right as `reply` (its family's rule told, or a guess): a trainer
+    # may take the loss on them too (more supervised decisions for little more compute)
     history_right: bool = False
 
 
@@ -114,10 +115,20 @@ FAMILIES: dict[str, tuple[Rule, ...]] = {
         Rule("status", "upper", ("status updates must be written in uppercase only",
                                  "status updates must be all uppercase, never lowercase")),
     ),
+    # The same two cases for another kind of text: which case a reply takes depends on the rule OF ITS KIND
+    # (a status rule and a ticket rule are often shown together, in opposite cases).
+    "ticket": (
+        Rule("ticket", "ticket_upper", ("ticket titles must be written in uppercase only",
+                                        "ticket titles must be all uppercase, never lowercase")),
+        Rule("ticket", "ticket_lower", ("ticket titles must be written in lowercase only, no capital letters",
+                                        "ticket titles must be all lowercase, never capitals")),
+    ),
 }
 RULES = {r.key: r for rules in FAMILIES.values() for r in rules}
-# Multiple choice is learned more slowly than the casing of a status line: it gets more examples.
-FAMILY_WEIGHTS = {"timestamp": 3, "filename": 3, "backup": 2, "status": 1}
+CASED = {"status", "ticket"}  # free-text families: the rule decides the case of every letter of the reply
+# The cased families carry most of the workload's rounds and are what a 3-layer model learns to read in a
+# few hundred steps; multiple choice keeps enough examples for its reply format.
+FAMILY_WEIGHTS = {"timestamp": 1, "filename": 1, "backup": 1, "status": 3, "ticket": 3}
 
 
 # ------------------------------------------------------------------------------------ options
@@ -188,6 +199,13 @@ ST_QUESTIONS = ("Write a one-line status update for the team channel about the {
 ST_REPLIES = ("the {t} are done and checked for today.", "all {t} work is finished, nothing is blocked.",
               "{t}: on track, next check tomorrow morning.", "today went well, the {t} are up to date.",
               "no issues with the {t} so far.", "the {t} are ready, see you tomorrow.")
+TICKET_TOPICS = ("late shipment from busan", "broken label printer", "missing pallet labels", "rejected customs form",
+                 "truck that missed its slot", "duplicate carrier invoices", "scanner dropping barcodes",
+                 "cold-chain sensor alarm", "forklift battery fault", "wrong delivery address", "damaged crate at the depot",
+                 "expired dock permit")
+TK_QUESTIONS = ("Write a ticket title for the {t}.", "Give me a short ticket title about the {t}.",
+                "File a ticket for the {t}: what is its title?", "Write a one-line ticket title for the {t}.")
+TK_REPLIES = ("{t}", "fix the {t}", "{t} needs a fix", "{t} blocks the team", "urgent: {t}", "{t} reported today")
 
 
 def choice_reply(marks: list[tuple[str, bool]]) -> str:
@@ -224,11 +242,15 @@ def task(rng: random.Random, family: str, rule: str) -> tuple[str, str, dict[str
     if family == "backup":
         f, opts = backup_options(rng)
         return _choice_task(rng, rng.choice(BK_QUESTIONS).format(f=f), opts, rule, k)
-    t = rng.choice(TOPICS)
-    reply = rng.choice(ST_REPLIES).format(t=t)
-    reply = reply.lower() if rule == "lower" else reply.upper()
-    spec = {"type": "lowercase", "threshold": 0.95} if rule == "lower" else {}
-    return rng.choice(ST_QUESTIONS).format(t=t), reply, spec
+    if family == "ticket":
+        t = rng.choice(TICKET_TOPICS)
+        question, reply = rng.choice(TK_QUESTIONS).format(t=t), rng.choice(TK_REPLIES).format(t=t)
+    else:
+        t = rng.choice(TOPICS)
+        question, reply = rng.choice(ST_QUESTIONS).format(t=t), rng.choice(ST_REPLIES).format(t=t)
+    lower = rule in ("lower", "ticket_lower")
+    spec = {"type": "lowercase" if lower else "uppercase", "threshold": 0.95}
+    return question, reply.lower() if lower else reply.upper(), spec
 
 
 # ------------------------------------------------------------------------------------ feedback and skills
@@ -272,6 +294,7 @@ def skills_for(rules: list[Rule], rng: random.Random) -> list:
     return out
 
 
+HISTORY_ROUNDS = (1, 1, 2, 3)  # earlier rounds in a served training chat (when it has any)
 P_TOLD = {"short": 0.85, "served": 0.7}  # short chats are for learning to read the rules: most state one
 
 
@@ -291,8 +314,12 @@ def example(rng: random.Random, phase: str = "served", told: bool | None = None)
     family, rule, drawn = _draw(rng, phase)
     told = drawn if told is None else told
     others = [f for f in FAMILIES if f != family]
-    n_other = rng.choice((0, 1)) if phase == "short" else rng.choice((0, 1, 1, 2, 3, 3))
-    shown = [rng.choice(FAMILIES[f]) for f in rng.sample(others, n_other)]
+    n_other = rng.choice((0, 1)) if phase == "short" else rng.choice((0, 1, 2, 3, 3, 4))
+    picked = rng.sample(others, n_other)
+    twin = next((f for f in CASED if f != family), None) if family in CASED else None
+    if twin is not None and twin not in picked and rng.random() < 0.5:  # the other kind's case rule beside it
+        picked.append(twin)
+    shown = [rng.choice(FAMILIES[f]) for f in picked]
     if told:
         shown += [rule] * (2 if phase == "served" and len(rule.texts) > 1 and rng.random() < 0.25 else 1)
     rng.shuffle(shown)
@@ -300,11 +327,15 @@ def example(rng: random.Random, phase: str = "served", told: bool | None = None)
     persona = PERSONAS[0] if phase == "short" else rng.choice(PERSONAS)
     body: dict[str, Any] = {"messages": [{"role": "system", "content": persona}]}
     prefix, history = "", False
-    if phase == "served" and rng.random() < 0.75:  # the previous round: another family's task, its reply, feedback
-        prev = rng.choice(others)
+    # Earlier rounds: other families' tasks, their replies, feedback. The driver sends one (history_rounds);
+    # a training chat may hold up to HISTORY_ROUNDS: each reply in it follows its family's told rule (or a
+    # guess, as an untold reply does), so each is a target too: several rule decisions per prompt read.
+    rounds = rng.choice(HISTORY_ROUNDS) if phase == "served" and rng.random() < 0.75 else 0
+    for _ in range(rounds):
+        prev = rng.choices(others, weights=[FAMILY_WEIGHTS[f] for f in others])[0]
         prev_rule = next((r for r in shown if r.family == prev), None) or rng.choice(FAMILIES[prev])
         q0, a0, _ = task(rng, prev, prev_rule.key)
-        body["messages"] += [{"role": "user", "content": q0}, {"role": "assistant", "content": a0}]
+        body["messages"] += [{"role": "user", "content": prefix + q0}, {"role": "assistant", "content": a0}]
         # the user is consistent: feedback on a told family's round states that rule (the reply followed it)
         fb_rule = prev_rule if prev_rule in shown else rng.choice(FAMILIES[prev])
         fb = feedback_for(fb_rule, rng) if rng.random() < 0.6 else rng.choice(NEUTRAL_FEEDBACK)

@@ -38,7 +38,7 @@ def corpus_eval(model, tok, seed: int, n: int = 480, batch: int = 16, phase: str
 
     import torch
 
-    from harness.corpus import example
+    from harness.corpus import CASED, example
     from scripts.make_instruct_model import collate, encode
 
     rng = random.Random(seed)
@@ -60,7 +60,7 @@ def corpus_eval(model, tok, seed: int, n: int = 480, batch: int = 16, phase: str
                 m = (rows == r) & is_mark
                 marked.append(float(ok[m].float().mean()) if m.any() else 0.0)
         for i, e in enumerate(exs):
-            if e.family == "status":
+            if e.family in CASED:
                 exact[i] = cased(e.rule, greedy(model, tok, e.messages, 32))
     out: dict[str, Any] = {"n": n}
     for fam in sorted({e.family for e in exs}):
@@ -68,7 +68,7 @@ def corpus_eval(model, tok, seed: int, n: int = 480, batch: int = 16, phase: str
             key = f"{fam}_{'told' if told else 'untold'}"
             sel = [i for i, e in enumerate(exs) if e.family == fam and e.told == told]
             out[key] = round(sum(exact[i] for i in sel) / max(1, len(sel)), 3)
-            if fam != "status":
+            if fam not in CASED:
                 out[key + "_tokens"] = round(sum(share[i] for i in sel) / max(1, len(sel)), 3)
                 out[key + "_marks"] = round(sum(marked[i] for i in sel) / max(1, len(sel)), 3)
     return out
@@ -76,7 +76,8 @@ def corpus_eval(model, tok, seed: int, n: int = 480, batch: int = 16, phase: str
 
 def cased(rule: str, text: str) -> bool:
     letters = [c for c in text if c.isalpha()]
-    return bool(letters) and all(c.islower() if rule == "lower" else c.isupper() for c in letters)
+    lower = rule in ("lower", "ticket_lower")
+    return bool(letters) and all(c.islower() if lower else c.isupper() for c in letters)
 
 
 def greedy(model, tok, messages: list[dict[str, Any]], max_new_tokens: int) -> str:

@@ -66,18 +66,33 @@ def _ids(x) -> list[int]:
     return list(x["input_ids"] if hasattr(x, "keys") else x)
 
 
+DECISION_WEIGHT = 4  # the first token of a reply decides its case (or its first mark): counted this many times
+
+
 def encode(tok, ex, history: bool = True) -> tuple[list[int], list[int]]:
     """(token ids of the served prompt followed by the reply and <|im_end|>, target positions): the reply's
-    tokens, and those of the previous reply when `history` and the example says it is right too. The prompt
-    ids are exactly what the engine renders (the chat template), so is the previous reply's span in them."""
+    tokens, and those of every earlier reply when `history` and the example says they are right too. The
+    prompt ids are exactly what the engine renders (the chat template), so are the earlier replies' spans in
+    them. A reply's first token is listed DECISION_WEIGHT times: the loss is a mean over the listed positions,
+    and that token is the rule's decision (the rest of a cased reply follows from it), while the words after
+    it are most of the tokens and none of the decision."""
     prompt = _ids(tok.apply_chat_template(ex.messages, add_generation_prompt=True, tokenize=True))
     reply = _ids(tok(ex.reply + "<|im_end|>", add_special_tokens=False))
-    targets = list(range(len(prompt), len(prompt) + len(reply)))
+
+    def span(start: int, n: int) -> list[int]:
+        return [start] * (DECISION_WEIGHT - 1) + list(range(start, start + n))
+
+    targets = span(len(prompt), len(reply))
     if history and ex.history_right:
-        head = _ids(tok.apply_chat_template(ex.messages[:-2], add_generation_prompt=True, tokenize=True))
-        prev = _ids(tok(ex.messages[-2]["content"] + "<|im_end|>", add_special_tokens=False))
-        if prompt[:len(head) + len(prev)] == head + prev:  # the span as rendered (always, for ChatML)
-            targets = list(range(len(head), len(head) + len(prev))) + targets
+        earlier = []
+        for i, m in enumerate(ex.messages):
+            if m["role"] != "assistant":
+                continue
+            head = _ids(tok.apply_chat_template(ex.messages[:i], add_generation_prompt=True, tokenize=True))
+            prev = _ids(tok(m["content"] + "<|im_end|>", add_special_tokens=False))
+            if prompt[:len(head) + len(prev)] == head + prev:  # the span as rendered (always, for ChatML)
+                earlier += span(len(head), len(prev))
+        targets = earlier + targets
     return prompt + reply, targets
 
 

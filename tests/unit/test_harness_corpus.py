@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from evolve.evolvers import extract_lessons
-from harness.corpus import FAMILIES, PERSONAS, RULES, choice_reply, example, examples, feedback_for
+from harness.corpus import CASED, FAMILIES, PERSONAS, RULES, choice_reply, example, examples, feedback_for
 from harness.workload import load_workload
 from rewards.checkers import evaluate
 from rewards.checkers.choice import parse_choices
@@ -49,18 +49,20 @@ def test_the_workloads_rules_are_in_the_vocabulary():
     (what the skills of the bench will state is what the model was trained to read)."""
     vocab = {x for r in RULES.values() for x in _lessons(r)}
     lessons = [s.metadata["lesson"].lower() for s in workload_skills(load_workload(WORKLOAD))]
-    keyed = [x for x in lessons if any(k in x for k in ("timestamp", "file name", ".bak", "status"))]
-    assert len(keyed) >= 4 and set(keyed) <= vocab, set(keyed) - vocab
+    keyed = [x for x in lessons if any(k in x for k in ("timestamp", "file name", ".bak", "status", "ticket"))]
+    assert len(keyed) >= 5 and set(keyed) <= vocab, set(keyed) - vocab
+    assert any("ticket" in x for x in keyed) and any("status" in x for x in keyed)
 
 
 @pytest.mark.parametrize("phase", ["short", "served"])
 def test_every_reply_passes_the_check_of_its_rule(phase):
     for e in examples(300, 1, phase):
-        if e.family == "status":
+        if e.family in CASED:
             letters = [c for c in e.reply if c.isalpha()]
-            assert all(c.islower() for c in letters) if e.rule == "lower" else all(c.isupper() for c in letters)
-            if e.rule == "lower":
-                assert evaluate(e.spec, e.reply, None).passed
+            lower = e.rule in ("lower", "ticket_lower")
+            assert all(c.islower() for c in letters) if lower else all(c.isupper() for c in letters)
+            assert e.spec["type"] == ("lowercase" if lower else "uppercase")
+            assert evaluate(e.spec, e.reply, None).passed
             continue
         assert e.spec["type"] == "multi_choice" and e.spec["answer"], e
         assert evaluate(e.spec, e.reply, None).passed, (e.reply, e.spec)
@@ -94,8 +96,10 @@ def test_served_chats_carry_the_previous_round_as_the_driver_sends_it():
     exs = list(examples(300, 6))
     with_history = [e for e in exs if e.history_right]
     assert 0.6 < len(with_history) / len(exs) < 0.9
+    assert {(len(e.messages) - 2) // 2 for e in with_history} == {1, 2, 3}  # earlier rounds per chat
     for e in with_history:
-        assert [m["role"] for m in e.messages] == ["system", "user", "assistant", "user"]
+        roles = [m["role"] for m in e.messages]
+        assert roles == ["system"] + ["user", "assistant"] * ((len(roles) - 2) // 2) + ["user"]
         assert not e.messages[1]["content"].startswith("[Previous Feedback]")  # the day's first round has none
     assert sum(e.messages[-1]["content"].startswith("[Previous Feedback] ") for e in with_history) > 0.5 * len(with_history)
 
@@ -115,3 +119,18 @@ def test_told_can_be_forced_for_held_out_sets():
     rng = random.Random(9)
     assert all(example(rng, "served", told=True).told for _ in range(20))
     assert not any(example(rng, "served", told=False).told for _ in range(20))
+
+
+def test_a_cased_reply_follows_the_rule_of_its_own_kind_when_both_kinds_are_told():
+    """Status updates and ticket titles have rules in the same words: where both are in the prompt (often in
+    opposite cases), the reply takes its own kind's case."""
+    both = 0
+    for e in examples(400, 8):
+        system = e.messages[0]["content"].lower()
+        if e.family not in CASED or not e.told or not ("status updates must" in system and "ticket titles must" in system):
+            continue
+        both += 1
+        lower = e.rule in ("lower", "ticket_lower")
+        kind = "status updates" if e.family == "status" else "ticket titles"
+        assert any(f"{kind} must {w}" in system for w in ("be written in lowercase", "be all lowercase")) == lower
+    assert both > 20

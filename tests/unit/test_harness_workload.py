@@ -12,7 +12,7 @@ SHARED = REPO_ROOT.parent / "shared" / "metaclaw-bench-small"
 
 def test_project_workload_loads_and_is_fully_replayable():
     w = load_workload(REPO_ROOT / "workloads" / "clawray-mini")
-    assert [d.id for d in w.days] == ["day01", "day02"]
+    assert [d.id for d in w.days] == ["day01", "day02", "day03"]
     assert all(not d.skipped and d.rounds for d in w.days)
     assert "Kit" in w.persona()
 

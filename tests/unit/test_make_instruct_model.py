@@ -11,7 +11,7 @@ import torch
 
 from harness.corpus import examples
 from scripts.instruct_eval import LocalClient, parse_reply
-from scripts.make_instruct_model import BASE, PAD_TO, batches, collate, encode, new_model, reply_loss
+from scripts.make_instruct_model import BASE, DECISION_WEIGHT, PAD_TO, batches, collate, encode, new_model, reply_loss
 
 SMALL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
          "num_key_value_heads": 1}
@@ -31,11 +31,16 @@ def test_targets_are_the_replies_tokens_in_the_served_prompt(tok):
         seq, targets = encode(tok, e)
         served = tok.apply_chat_template(e.messages, add_generation_prompt=True, tokenize=False)
         assert tok.decode(seq) == served + e.reply + "<|im_end|>"
-        text = tok.decode([seq[t] for t in targets])
-        assert text == e.messages[-2]["content"] + "<|im_end|>" + e.reply + "<|im_end|>"
+        # every earlier reply and the last one, each reply's first token (its decision) counted
+        # DECISION_WEIGHT times: the loss is a mean over the listed positions
+        replies = [m["content"] for m in e.messages if m["role"] == "assistant"] + [e.reply]
+        distinct = sorted(set(targets))
+        assert tok.decode([seq[t] for t in distinct]) == "".join(r + "<|im_end|>" for r in replies)
         assert targets == sorted(targets) and targets[-1] == len(seq) - 1
+        counts = [targets.count(t) for t in distinct]
+        assert sorted(set(counts)) == [1, DECISION_WEIGHT] and counts.count(DECISION_WEIGHT) == len(replies)
         _, last_only = encode(tok, e, history=False)
-        assert tok.decode([seq[t] for t in last_only]) == e.reply + "<|im_end|>"
+        assert tok.decode([seq[t] for t in sorted(set(last_only))]) == e.reply + "<|im_end|>"
 
 
 def test_batches_cover_every_chat_once_in_few_shapes():
@@ -50,7 +55,10 @@ def test_batches_cover_every_chat_once_in_few_shapes():
     assert ids.shape[0] * ids.shape[1] <= 2048 and ids.shape[1] % PAD_TO == 0 and len(pos) % PAD_TO == 0
 
 
-def test_reply_loss_is_the_cross_entropy_of_the_targets(tok):
+def test_reply_loss_is_the_cross_entropy_of_the_targets(tok, monkeypatch):
+    import scripts.make_instruct_model as build
+
+    monkeypatch.setattr(build, "DECISION_WEIGHT", 1)  # every target once: HF's label loss is the same mean
     torch.manual_seed(0)
     model = new_model(BASE, SMALL)
     rows_in = [encode(tok, e) for e in examples(4, 3)]
