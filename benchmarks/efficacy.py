@@ -1,10 +1,10 @@
 """Does the loop help: `clawray bench` on the project's own workload with the instruction-following model.
 
-    python -m benchmarks.efficacy [--quick] [--seeds 3] [--conditions baseline,skills,full,groups]
+    python -m benchmarks.efficacy [--quick] [--seeds 3] [--conditions baseline,skills,full,batchnorm]
 
 Every (condition, seed) runs on a fresh system (harness/bench.py): baseline (the bare model), skills (the
-fast loop), full (skills + an RL window every evening, batch-normalised) and groups (the window re-samples
-GRPO groups first). Writes benchmarks/out/efficacy.json (the bench's own summary and ordering checks) and
+fast loop), full (skills + an RL window every evening on re-sampled GRPO groups) and batchnorm (the same
+window on the turns as served, batch-normalised). Writes benchmarks/out/efficacy.json (the bench's own summary and ordering checks) and
 efficacy.md (the table, the claims, the PNG) for RESULTS.md; the PNG goes to benchmarks/img/efficacy.png.
 `--quick`: 2 seeds, the first 4 rounds of each day. Needs `make instruct-model`.
 """
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "benchmarks" / "out"
 IMG = REPO / "benchmarks" / "img" / "efficacy.png"
 WORKLOAD = REPO / "workloads" / "clawray-mini"
-CONDITIONS = "baseline,skills,full,groups"
+CONDITIONS = "baseline,skills,full,batchnorm"
 
 
 def markdown(result: dict[str, Any], png: str) -> str:

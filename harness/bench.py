@@ -10,8 +10,12 @@ between runs. The conditions (MetaClaw's Table 1):
   baseline  no skills are injected and nothing learns (the bare model);
   skills    the fast loop only: at midday of every day the morning's failures are distilled into skills
             (`Evolver.evolve_now`, the feedback evolver; user scope), served from the afternoon on;
-  full      skills as above, plus an RL window every evening (`Controller.train_step`: GRPO on Ray Train
-            over the afternoon's query samples, hot-swapped), so the next day is served by the adapter.
+  full      skills as above, plus an RL window every evening (`Controller.train_step`: GRPO on Ray Train,
+            hot-swapped), so the next day is served by the adapter. The window first re-samples GROUP_SIZE
+            responses for each of the afternoon's query prompts through the engine (train/rollouts.py) and
+            trains whole groups with group-relative advantages (MetaClaw's RL on real GRPO groups);
+  batchnorm the same window on the afternoon's turns as served, batch-normalised (no groups): what the
+            groups add.
 
 Why a day is split at midday: MetaClaw trains only on samples served after the latest change of the skill
 library (support/query separation), so an evolution at the end of the day would leave an evening window
@@ -55,13 +59,15 @@ class Condition:
     opd: bool = False  # the loss also distils a teacher (`--teacher`: a local model with the same tokenizer)
 
 
-CONDITIONS = {"baseline": Condition(False, False), "skills": Condition(True, False), "full": Condition(True, True),
-              "groups": Condition(True, True, groups=True), "opd": Condition(True, True, opd=True)}
+CONDITIONS = {"baseline": Condition(False, False), "skills": Condition(True, False),
+              "full": Condition(True, True, groups=True), "batchnorm": Condition(True, True),
+              "opd": Condition(True, True, groups=True, opd=True)}
 OPD_WEIGHT = 0.5  # `opd`: train.opd_weight (the per-token reverse KL to the teacher in the advantages)
-# `groups`: the evening window re-samples GROUP_SIZE responses for each of the afternoon's fresh prompts
-# through the engine and trains them with group-relative advantages (issue 18 item 3), vs `full`'s batch
-# normalisation over the afternoon's turns as served.
+# `full`: the evening window re-samples GROUP_SIZE responses for each of the afternoon's fresh prompts
+# through the engine and trains them with group-relative advantages (issue 18 item 3), vs `batchnorm`'s batch
+# normalisation over the afternoon's turns as served. WINDOW_STEPS steps of WINDOW_BATCH samples per window.
 GROUP_SIZE = 8
+WINDOW_STEPS, WINDOW_BATCH = 8, 16
 
 
 def parse_conditions(text: str) -> list[str]:
@@ -87,7 +93,7 @@ def bench_config(cfg: ClawrayConfig, condition: str, seed: int, root: Path, work
     data["memory"]["enabled"] = False
     data["skills"]["enabled"] = cond.skills
     # An evening trains whatever the afternoon left fresh: a few turns, some masked (reward exactly 0).
-    data["train"].update(seed=seed, min_fresh_samples=1)
+    data["train"].update(seed=seed, min_fresh_samples=1, max_steps_per_window=WINDOW_STEPS, batch_size=WINDOW_BATCH)
     data["train"]["rollouts"]["group_size"] = GROUP_SIZE if cond.groups else 0
     if cond.opd:  # the teacher's endpoint is set by the run once its server is up (harness/teacher.py)
         data["train"]["opd_weight"] = OPD_WEIGHT

@@ -15,16 +15,21 @@ from pathlib import Path
 from typing import Any
 
 CONFIDENCE = 0.95
-ORDER = ("baseline", "skills", "full", "groups", "opd")
-# The claims checked: MetaClaw's chain baseline < skills < full over the conditions that ran, and each addition
-# to `full` against it: re-sampled GRPO groups (vs batch normalisation), on-policy distillation.
+ORDER = ("baseline", "skills", "batchnorm", "full", "opd")
+# The claims checked: MetaClaw's chain baseline < skills < full over the conditions that ran, that full's
+# re-sampled GRPO groups beat batch normalisation (batchnorm < full), and that on-policy distillation adds to
+# full (full < opd).
 CHAIN = ("baseline", "skills", "full")
-ADDITIONS = ("groups", "opd")
+BELOW_FULL = ("batchnorm",)
+ABOVE_FULL = ("opd",)
 
 
 def claims(present) -> list[tuple[str, str]]:
     chain = [c for c in CHAIN if c in present]
-    return list(zip(chain, chain[1:], strict=False)) + [("full", c) for c in ADDITIONS if c in present and "full" in present]
+    out = list(zip(chain, chain[1:], strict=False))
+    if "full" in present:
+        out += [(c, "full") for c in BELOW_FULL if c in present] + [("full", c) for c in ABOVE_FULL if c in present]
+    return out
 
 
 def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float | None]:

@@ -79,7 +79,7 @@ def test_conditions_are_checked_and_the_day_is_split_at_midday():
     assert halves([1, 2, 3, 4, 5]) == ([1, 2], [3, 4, 5]) and halves([]) == ([], [])
 
 
-@pytest.mark.parametrize("condition", ["baseline", "skills", "full", "groups"])
+@pytest.mark.parametrize("condition", ["baseline", "skills", "full", "batchnorm"])
 def test_each_condition_is_a_fresh_system_with_what_it_promises(tmp_path: Path, condition: str):
     from core.config import load_config
 
@@ -90,8 +90,9 @@ def test_each_condition_is_a_fresh_system_with_what_it_promises(tmp_path: Path, 
     assert cfg.scheduler.mode == "skills_only" and not cfg.memory.enabled
     assert not cfg.evolver.collective.enabled and cfg.evolver.scope == "user"
     assert not cfg.evolver.on_session_end and cfg.evolver.every_n_turns == 0
-    # Only `groups` re-samples GRPO groups in its windows; `full` trains the turns as served.
-    assert cfg.train.rollouts.enabled == (condition == "groups")
+    # `full` re-samples GRPO groups in its windows; `batchnorm` trains the turns as served.
+    assert cfg.train.rollouts.enabled == (condition == "full")
+    assert (cfg.train.max_steps_per_window, cfg.train.batch_size) == (8, 16)
 
 
 def test_a_bench_may_run_the_instruction_following_model(tmp_path: Path):
@@ -105,7 +106,7 @@ def test_a_bench_may_run_the_instruction_following_model(tmp_path: Path):
 def test_additions_to_full_are_each_compared_with_full():
     summary = bs.summarize([run(c, s, [0.1 * (i + 1)] * 2) for i, c in enumerate(bs.ORDER) for s in range(2)])
     got = [(o["lower"], o["higher"]) for o in bs.ordering(summary)]
-    assert got == [("baseline", "skills"), ("skills", "full"), ("full", "groups"), ("full", "opd")]
+    assert got == [("baseline", "skills"), ("skills", "full"), ("batchnorm", "full"), ("full", "opd")]
 
 
 def test_the_opd_condition_needs_a_teacher_and_sets_the_weight(tmp_path: Path):
@@ -113,7 +114,7 @@ def test_the_opd_condition_needs_a_teacher_and_sets_the_weight(tmp_path: Path):
     from harness.bench import OPD_WEIGHT, run_bench
 
     cfg = bench_config(load_config(None), "opd", 0, tmp_path, None)
-    assert cfg.train.opd_weight == OPD_WEIGHT and not cfg.train.rollouts.enabled
+    assert cfg.train.opd_weight == OPD_WEIGHT and cfg.train.rollouts.enabled  # `full` plus the teacher
     assert bench_config(load_config(None), "full", 0, tmp_path, None).train.opd_weight == 0.0
     with pytest.raises(ValueError, match="--teacher"):
         run_bench(tmp_path, ["full", "opd"], 1, tmp_path / "out")
