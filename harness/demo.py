@@ -76,7 +76,10 @@ def demo_config(cfg: ClawrayConfig, storage_root: Path | None = None, workspace_
     data["evolver"]["collective"]["gate"]["sandbox"] = {
         "tools": "harness.tools:WORKSPACE_TOOLS", "workspace_src": str(workspace_src) if workspace_src else None,
         "snapshot_root": str(root / "workspaces")}
-    data["train"].update(min_fresh_samples=4, max_steps_per_window=3, batch_size=8)
+    # The evening window re-samples GRPO groups for the day's query prompts while the engine is idle
+    # (train/rollouts.py): whole groups with group-relative advantages, as `clawray bench`'s full condition.
+    data["train"].update(min_fresh_samples=4, max_steps_per_window=6, batch_size=16)
+    data["train"]["rollouts"].update(group_size=8, max_prompts=8, max_tokens=24)
     return config_from_dict(data, "demo")
 
 
