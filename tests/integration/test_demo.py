@@ -47,7 +47,7 @@ def test_demo_closes_the_loop_and_checks_every_stage(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "CLAWRAY__PROXY__PORT": str(_free_port())}
     # The whole workload: rounds cost ~1 s each, and the morning must hold failures with feedback.
     r = subprocess.run([sys.executable, "-m", "harness.cli", "demo", "--state", str(tmp_path)],
-                       cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
+                       cwd=REPO, capture_output=True, text=True, timeout=1200, env=env)
     out = r.stdout + r.stderr
     verdicts = json.loads((tmp_path / "demo-stages.json").read_text())["stages"]
     assert [v["stage"] for v in verdicts] == [s for s, _ in STAGES]
