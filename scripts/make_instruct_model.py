@@ -279,7 +279,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--short-frac", type=float, default=0.6, help="share of the steps on short chats (first)")
+    ap.add_argument("--short-frac", type=float, default=0.4, help="share of the steps on short chats (first)")
     ap.add_argument("--batch-tokens", type=int, default=8192, help="padded tokens per batch")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--prompt-weight", type=float, default=0.0, help="weight of the prompt tokens' loss")
