@@ -66,8 +66,8 @@ OPD_WEIGHT = 0.5  # `opd`: train.opd_weight (the per-token reverse KL to the tea
 # `full`: the evening window re-samples GROUP_SIZE responses for each of the afternoon's fresh prompts
 # through the engine and trains them with group-relative advantages (issue 18 item 3), vs `batchnorm`'s batch
 # normalisation over the afternoon's turns as served. WINDOW_STEPS steps of WINDOW_BATCH samples per window.
-GROUP_SIZE = 8
-WINDOW_STEPS, WINDOW_BATCH = 8, 16
+GROUP_SIZE = 16
+WINDOW_STEPS, WINDOW_BATCH = 8, 8
 
 
 def parse_conditions(text: str) -> list[str]:
