@@ -1,5 +1,5 @@
 """Pure statistics of `clawray bench`: per-day and overall means over seeds, confidence intervals, the
-ordering check (baseline < skills < full) and the PNG. No Ray, no I/O besides the plot.
+ordering checks (baseline < skills < full, batchnorm < full, full < opd) and the PNG. No Ray, no I/O besides the plot.
 
 A run (one condition, one seed) is a dict {"condition", "seed", "days": [{"day", "accuracy",
 "completion", "rounds", "samples", "skills", "adapters"}]}: accuracy is the mean round score of the day,
@@ -88,8 +88,8 @@ def paired_gaps(runs: Sequence[dict[str, Any]], lo: str, hi: str, key: str = "ac
 
 def ordering(summary: dict[str, Any], key: str = "accuracy",
              runs: Sequence[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """For each claim among the conditions present (`claims`: baseline < skills < full, full < groups,
-    full < opd): the gap of the overall means and whether it is larger than its confidence interval.
+    """For each claim among the conditions present (`claims`: baseline < skills < full, batchnorm <
+    full, full < opd): the gap of the overall means and whether it is larger than its confidence interval.
 
     The runs of one seed are paired: every condition replays the same sessions with the same sampling
     seeds (harness/driver.py `request_seed`), so what differs between them is the condition. With `runs`,
