@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness import bench_stats as bs
-from harness.bench import bench_config, halves, parse_conditions
+from harness.bench import GROUP_SIZE, WINDOW_BATCH, WINDOW_STEPS, bench_config, halves, parse_conditions
 
 
 def run(cond: str, seed: int, accs: list[float], rounds: int = 4) -> dict:
@@ -92,7 +92,8 @@ def test_each_condition_is_a_fresh_system_with_what_it_promises(tmp_path: Path, 
     assert not cfg.evolver.on_session_end and cfg.evolver.every_n_turns == 0
     # `full` re-samples GRPO groups in its windows; `batchnorm` trains the turns as served.
     assert cfg.train.rollouts.enabled == (condition == "full")
-    assert (cfg.train.max_steps_per_window, cfg.train.batch_size) == (8, 16)
+    assert cfg.train.rollouts.group_size == (GROUP_SIZE if condition == "full" else 0)
+    assert (cfg.train.max_steps_per_window, cfg.train.batch_size) == (WINDOW_STEPS, WINDOW_BATCH) == (8, 8)
 
 
 def test_a_bench_may_run_the_instruction_following_model(tmp_path: Path):

@@ -11,7 +11,16 @@ import torch
 
 from harness.corpus import examples
 from scripts.instruct_eval import LocalClient, parse_reply
-from scripts.make_instruct_model import BASE, DECISION_WEIGHT, PAD_TO, batches, collate, encode, new_model, reply_loss
+from scripts.make_instruct_model import (
+    BASE,
+    DECISION_WEIGHT,
+    PAD_TO,
+    batches,
+    collate,
+    encode,
+    new_model,
+    reply_loss,
+)
 
 SMALL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
          "num_key_value_heads": 1}
