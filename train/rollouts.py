@@ -67,8 +67,9 @@ def completion_body(source: Sample, cfg: RolloutConfig, *, model: str, max_model
         return None
     return {"model": model, "prompt": list(source.prompt_ids), "n": cfg.group_size,
             "temperature": cfg.temperature, "top_p": cfg.top_p, "max_tokens": min(cfg.max_tokens, room),
-            # One seed per (source, run seed): a retried window draws the same group.
-            "seed": (seed * 1_000_003 + zlib.crc32(source.sample_id.encode())) % (2**31)}
+            # One seed per (turn, run seed): a retried window draws the same group, and so does every run
+            # that replays the same sessions (`clawray bench`'s paired runs). Not the sample id: a uuid4.
+            "seed": (seed * 1_000_003 + zlib.crc32(f"{source.session_id}/{source.turn_index}".encode())) % (2**31)}
 
 
 def group_turns(source: Sample, capture: Any, group_size: int) -> list[Turn]:

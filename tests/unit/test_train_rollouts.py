@@ -49,6 +49,18 @@ def test_the_engine_is_asked_for_the_exact_prompt_within_the_context():
     assert completion_body(s, CFG, model="m", max_model_len=100, seed=0) is None
 
 
+def test_a_groups_seed_is_the_turns_not_the_random_sample_id():
+    """Sample ids are random (uuid4), so a seed drawn from one made every run of the same sessions sample
+    other groups: `clawray bench`'s paired runs of `full` did not replay the same evening twice. The seed
+    names the turn (session, index): the same turn draws the same group in every run and every retry."""
+    a = completion_body(source("one"), CFG, model="m", max_model_len=120, seed=3)
+    b = completion_body(source("two").model_copy(update={"session_id": "sess-one"}), CFG, model="m",
+                        max_model_len=120, seed=3)
+    assert a["seed"] == b["seed"]
+    later = source("one").model_copy(update={"turn_index": 3})
+    assert completion_body(later, CFG, model="m", max_model_len=120, seed=3)["seed"] != a["seed"]
+
+
 def test_group_members_are_turns_of_the_source_prompt_with_what_the_engine_sampled():
     s = source()
     turns = group_turns(s, capture([1, 2, 3], ["a", "B", "c", "d"]), 4)
