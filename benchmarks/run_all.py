@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -141,6 +142,21 @@ def carried_over(previous: str, rerun: set[str]) -> str:
     return "\n".join(out) + ("\n" if out else "")
 
 
+def earlier_headlines(previous: str, rerun: set[str]) -> list[str]:
+    """The headline lines of `previous` (an earlier RESULTS.md) whose benchmark this run did not redo. Each
+    line names its benchmark in a trailing comment (report.HEADLINE_TAG); lines written before the tags
+    existed name none and are kept as they are."""
+    block = previous.split("## Headline ratios", 1)[1].split("\n## ", 1)[0] if "## Headline ratios" in previous else ""
+    out = []
+    for line in block.splitlines():
+        if not line.startswith("- ") or "(no benchmark produced results)" in line:
+            continue
+        tag = re.search(r"<!-- (\S+) -->", line)
+        if tag is None or tag.group(1) not in rerun:
+            out.append(line)
+    return out
+
+
 def _tail(log: Path, n: int = 3) -> str:
     lines = [x for x in log.read_text(encoding="utf-8", errors="replace").splitlines() if x.strip()]
     return " / ".join(lines[-n:])[-400:]
@@ -167,10 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     runs = [run_one(b, a.quick, a.timeout) for b in BENCHES if not names or b.name in names]
     machine["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     machine["total_wall_s"] = round(time.time() - t0)
-    text = render(runs, machine, quick=a.quick, command=" ".join(["python -m benchmarks.run_all",
-                                                                 *(argv or sys.argv[1:])]))
-    if names and a.out.is_file():  # a partial run: what it did not re-run is kept, marked as older
-        text += carried_over(a.out.read_text(encoding="utf-8"), {r["name"] for r in runs})
+    previous = a.out.read_text(encoding="utf-8") if names and a.out.is_file() else None
+    rerun = {r["name"] for r in runs}
+    text = render(runs, machine, quick=a.quick, command=" ".join(["python -m benchmarks.run_all", *(argv or sys.argv[1:])]),
+                  earlier_headlines=earlier_headlines(previous, rerun) if previous else None)
+    if previous:  # a partial run: what it did not re-run is kept, marked as older
+        text += carried_over(previous, rerun)
     a.out.write_text(text)
     print(f"[bench] wrote {a.out.relative_to(REPO) if a.out.is_relative_to(REPO) else a.out}")
     return 0 if all(r["status"] in ("ok", "missing") for r in runs) else 1

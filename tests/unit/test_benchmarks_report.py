@@ -89,3 +89,29 @@ def test_the_efficacy_section_shows_the_table_the_claims_and_the_plot():
                    "ordering": [{"lower": "baseline", "higher": "skills", "gap": 0.0, "ci": 0.06, "holds": False}]},
                   "img/efficacy.png")
     assert "| baseline | 0.400 ± 0.030 | 0.200 |" in md and "does not hold" in md and "img/efficacy.png" in md
+
+
+def test_a_partial_run_keeps_the_headlines_of_what_it_did_not_redo():
+    from benchmarks.run_all import earlier_headlines
+
+    previous = render([{"name": "trainer", "status": "ok", "wall_s": 1.0, "args": [], "log": "t.log",
+                        "outputs": {"trainer.json": TRAINER}}], machine_info(), quick=False, command="x")
+    previous = previous.replace("## Headline ratios\n\n", "## Headline ratios\n\n- an untagged line of an old file\n")
+    assert earlier_headlines(previous, {"trainer"}) == ["- an untagged line of an old file"]
+    kept = earlier_headlines(previous, {"efficacy"})
+    assert any("GRPO training step" in h and "<!-- trainer -->" in h for h in kept) and len(kept) == len(
+        [x for x in previous.splitlines() if x.startswith("- ")])
+    text = render([], machine_info(), quick=False, command="y", earlier_headlines=kept)
+    assert "GRPO training step" in text and "*(earlier run)*" in text and "no benchmark produced results" not in text
+
+
+def test_the_efficacy_headline_gives_each_conditions_accuracy_and_each_claims_verdict():
+    from benchmarks.report import efficacy
+
+    s = {"overall": {"accuracy": 0.4, "accuracy_ci": 0.03, "completion": 0.2, "completion_ci": None}, "days": []}
+    _, (head,) = efficacy({"workload": "clawray-mini", "model": "tiny-instruct", "seeds": [0, 1, 2],
+                           "summary": {"baseline": s, "skills": s},
+                           "ordering": [{"lower": "baseline", "higher": "skills", "gap": 0.0, "ci": 0.06,
+                                         "holds": False}]}, "# efficacy\n\ntable")
+    assert head.startswith("does the loop help (clawray-mini, tiny-instruct, 3 seeds): accuracy baseline 0.400")
+    assert "baseline < skills does not hold (gap +0.000, CI 0.060)" in head
