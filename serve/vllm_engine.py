@@ -56,6 +56,13 @@ def vllm_cli_args(model_path: str, model: ModelConfig, engine: EngineConfig) -> 
         args.append("--enable-sleep-mode")
     if engine.device == "gpu":
         args += ["--gpu-memory-utilization", str(engine.gpu_memory_utilization)]
+    else:
+        # No chunked prefill on CPU: when a step's token budget cuts a seeded request's prefill, vLLM
+        # discards the token sampled for it and rewinds the request's generator (`set_offset`), which a
+        # CPU generator cannot do ("CPU Generator does not use offset"): the engine core dies. Concurrent
+        # seeded groups (train/rollouts.py) hit it every evening. Without chunking a prefill is scheduled
+        # whole (vLLM raises max_num_batched_tokens to max_model_len). tests/integration/test_serve_seeded_groups.py
+        args.append("--no-enable-chunked-prefill")
     return args
 
 
