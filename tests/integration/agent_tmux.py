@@ -49,8 +49,10 @@ class TmuxAgent:
 
     def __enter__(self) -> TmuxAgent:
         self.forwarder.start()
+        # remain-on-exit: a pane whose agent exited stays, with its last screen, for the failure message.
         subprocess.run([*self.tmux, "new-session", "-d", "-x", str(COLUMNS), "-y", str(ROWS), "-c", str(self.cwd),
-                        shlex.join(self.command)], check=True, timeout=30)
+                        shlex.join(self.command), ";", "set-option", "-w", "remain-on-exit", "on"],
+                       check=True, timeout=30)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -59,9 +61,20 @@ class TmuxAgent:
         self.forwarder.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def screen(self) -> str:
-        p = subprocess.run([*self.tmux, "capture-pane", "-p"], capture_output=True, text=True, timeout=30)
+    def screen(self, history: int = 0) -> str:
+        """The pane's visible screen (and `history` lines above it)."""
+        p = subprocess.run([*self.tmux, "capture-pane", "-p", "-S", str(-history)], capture_output=True, text=True,
+                           timeout=30)
         return p.stdout
+
+    def exited(self) -> str | None:
+        """None while the agent runs; once it exited, its exit status and last screen (what it said)."""
+        p = subprocess.run([*self.tmux, "display-message", "-p", "#{pane_dead} #{pane_dead_status}"],
+                           capture_output=True, text=True, timeout=30)
+        dead, _, status = p.stdout.strip().partition(" ")
+        if dead != "1":
+            return None
+        return f"the agent exited with status {status or '?'}; its last screen:\n{self.screen(history=ROWS)}"
 
     def wait_screen(self, text: str, timeout: float = 120) -> bool:
         """Until the pane shows `text` (the agent's UI reached that state)."""
@@ -77,6 +90,8 @@ class TmuxAgent:
         assert self.wait_screen(text[:40], 30), self.screen()
         for _ in range(3):
             time.sleep(PASTE_WINDOW_S)  # a UI's input-timing window, not an interleaving of ours
+            gone = self.exited()
+            assert gone is None, gone
             subprocess.run([*self.tmux, "send-keys", "Enter"], check=True, timeout=30)
             if self._poll(lambda: bool(self.exchanges()) or self.forwarder.in_flight(), SUBMIT_WAIT_S):
                 return

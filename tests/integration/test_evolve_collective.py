@@ -5,8 +5,9 @@ PolicyEngine and grading with the real PRM, versioned publishes every user's nex
 1. The Evolver's own job (`collective_run`, what `clawray skills evolve --now` calls) proposes a refinement
    of the skill the users' sessions used; the gate replays their tasks through the tiny vLLM model, which
    cannot read instructions, so the candidate does not help: rejected, and nothing changes for anyone.
-2. The same evidence, decided by a job whose replays are answered by a rule follower (what the tiny model
-   cannot be yet, issue 18) and graded by the real PRM actors: the refinement helps, is published as a new
+2. The same evidence, decided by a job whose replays are answered by a rule follower (the suite's random
+   model cannot read rules; test_evolve_gate_instruct.py shows an approval on the real engine with the
+   instruction-following model) and graded by the real PRM actors: the refinement helps, is published as a new
    version, and the next turn of every user is served with it; a rollback restores the exact previous
    text and bumps the generation again.
 """
