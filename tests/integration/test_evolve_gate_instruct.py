@@ -20,7 +20,6 @@ import pytest
 
 from core import names
 from core.config import CollectiveConfig, GateConfig
-from core.contracts import Skill
 from core.kv import KVStore
 from evolve.bank import SkillBank
 from evolve.collective_job import CollectiveJob
