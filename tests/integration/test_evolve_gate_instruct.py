@@ -78,8 +78,7 @@ def test_the_gate_on_the_instruction_following_engine_publishes_what_helps_and_r
     validator = Validator(gate, instruct_engine, grade)
     job = CollectiveJob(bank, store, KVStore(tmp_path / "cursor.db"), CollectiveConfig(gate=gate), validator)
 
-    loop = asyncio.new_event_loop()  # one loop for the job and the validation after it (the gate's semaphore)
-    report = loop.run_until_complete(job.run())
+    report = asyncio.run(job.run())
     (d,) = report.decisions  # one group: the sessions that used no skill
     assert d["action"] == "create" and d["published"], report.as_dict()
     rec = next(r for r in store.decisions(50) if r["job"] == report.job and r["action"] == "create")
@@ -97,8 +96,7 @@ def test_the_gate_on_the_instruction_following_engine_publishes_what_helps_and_r
     wrong = created.model_copy(update={
         "description": "Ticket titles must be written in lowercase only, no capital letters.",
         "body": "# Ticket titles\n\n- **Rule:** Ticket titles must be written in lowercase only, no capital letters."})
-    bad = loop.run_until_complete(validator.validate(wrong, created, rows))
-    loop.close()
+    bad = asyncio.run(Validator(gate, instruct_engine, grade).validate(wrong, created, rows))  # (a new loop)
     print(f"gate on tiny-instruct: create {v['reason']}; opposite rule: {bad.reason}")
     assert not bad.approved and bad.candidate_mean < bad.current_mean, bad.as_dict()
     assert bank.get(name).body == created.body and bank.version_of(name) == 1
