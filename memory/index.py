@@ -4,13 +4,13 @@ Search is exact (one (N, D) product) up to `exact_limit` rows; above it, a binar
 vector is also kept as D sign bits, the Hamming distance to the query's bits (a popcount over N x D/64
 words) picks `max(min_rescore, rescore * k)` candidates, and those are ranked by their exact cosine.
 Why: at 100k units the exact product reads 150 MB per query (~8 ms on an idle 2-core machine, 15 ms on a
-busy one), the bits read 4.8 MB (~0.6 ms). The bits are stored word-major, (D/64, N): one xor+popcount
+busy one), the bits read 4.8 MB (~0.6 ms), and the cut at the `m` nearest is a histogram of the distances (~0.15 ms). The bits are stored word-major, (D/64, N): one xor+popcount
 pass per word over a contiguous row is ~6x faster than summing a (N, D/64) array along its short axis.
 Recall against exact search is measured in benchmarks/memory_retrieval.py.
 A scope whose stored vectors were made by another encoder than the index's (`encoder_id`; memory/store.py)
 proposes nothing: its queries would be compared with vectors of another space. The writer's start
 (`adopt_encoder`) re-encodes the store when the configured encoder changes.
-The pure math (`binary_codes`, `hamming`, `top_k`) has no state; `ScopeVectors` and `VectorIndex` hold it.
+The pure math (`binary_codes`, `hamming`, `nearest`, `top_k`) has no state; `ScopeVectors` and `VectorIndex` hold it.
 """
 
 from __future__ import annotations
@@ -62,6 +62,20 @@ def hamming(codes_t: np.ndarray, query: np.ndarray) -> np.ndarray:
     for w in range(1, codes_t.shape[0]):
         dist += np.bitwise_count(codes_t[w] ^ query[w])
     return dist
+
+
+def nearest(dist: np.ndarray, m: int) -> np.ndarray:
+    """Indices of `m` smallest of the integer `dist` (Hamming distances), in index order; of equal
+    distances at the cut the lower indices are taken. A histogram of the distances gives the cut, so this
+    is two linear passes: ~0.15 ms at 100k against ~0.8 ms for `np.argpartition`'s introselect."""
+    n = dist.shape[0]
+    if m >= n:
+        return np.arange(n)
+    if m <= 0:
+        return np.zeros(0, dtype=np.int64)
+    cut = int(np.searchsorted(np.cumsum(np.bincount(dist)), m))  # the smallest d with count(dist <= d) >= m
+    below = np.flatnonzero(dist < cut)
+    return np.sort(np.concatenate([below, np.flatnonzero(dist == cut)[: m - below.size]]))
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
@@ -160,7 +174,7 @@ class ScopeVectors:
             cand = np.arange(n)
         else:
             m = min(n, max(min_rescore, rescore * k))  # the candidates' order does not matter: rescored
-            cand = np.argpartition(hamming(self.codes_t[:, :n], qcode), m - 1)[:m]
+            cand = nearest(hamming(self.codes_t[:, :n], qcode), m)
         sims = np.einsum("ij,j->i", self.buf[cand], q)  # einsum: single-threaded (see evolve/retrieval.py)
         live = self.kinds[cand] != HOLE if kind is None else self.kinds[cand] == KIND_CODE[kind]
         sims = np.where(live, sims, -np.inf)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from memory.index import ScopeVectors, binary_codes, hamming, top_k
+from memory.index import ScopeVectors, binary_codes, hamming, nearest, top_k
 from memory.store import ScopeChanges
 
 
@@ -18,6 +18,19 @@ def test_top_k_is_sorted_and_breaks_ties_by_index():
     assert top_k(s, 3).tolist() == [1, 4, 0]
     assert top_k(s, 10).tolist() == [1, 4, 0, 2, 3]
     assert top_k(s, 0).tolist() == [] and top_k(np.zeros(0), 3).tolist() == []
+
+
+def test_nearest_takes_the_m_smallest_distances_and_the_lower_indices_at_the_cut():
+    d = np.array([5, 1, 3, 3, 0, 3, 7], dtype=np.uint16)
+    assert nearest(d, 3).tolist() == [1, 2, 4]  # 0, 1, then the first of the three 3s
+    assert nearest(d, 5).tolist() == [1, 2, 3, 4, 5]
+    assert nearest(d, 0).tolist() == [] and nearest(d, 9).tolist() == list(range(7))
+    rng = np.random.default_rng(3)
+    for m in (1, 17, 256):
+        x = rng.integers(0, 385, size=5000).astype(np.uint16)
+        got = nearest(x, m)
+        assert got.size == m and np.array_equal(got, np.sort(got))
+        assert np.array_equal(np.sort(x[got]), np.sort(x)[:m])  # the same distances as a full sort's first m
 
 
 def test_binary_codes_and_hamming_match_a_bitwise_reference():
