@@ -40,7 +40,9 @@ and its Ray Train workers are gone; the wake is level-triggered (cluster/gpu_sha
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -149,6 +151,8 @@ class ControllerActor:
             self._loop = asyncio.get_running_loop().create_task(self._run())
         except RuntimeError:
             pass
+        if self.cfg.scheduler.mode != "skills_only":
+            threading.Thread(target=preload_trainer, name="preload-trainer", daemon=True).start()
 
     # ---- persistence ------------------------------------------------------------------------------
 
@@ -513,6 +517,21 @@ class ControllerActor:
 
     async def history_events(self) -> list[dict[str, Any]]:
         return list(self.history)
+
+
+def preload_trainer() -> None:
+    """Import the training job's modules (`train.job`: Ray Train, torch, the GRPO loop) now, while the
+    Controller is idle. Else the first run imports them, ~2-3 s on 2 cores, and inside `_start` on the
+    actor's event loop: a cost of the first window only (benchmarks/window_efficiency.py, cold) that
+    also stalls every other call to the Controller meanwhile. A second import of the same modules (the
+    first window opening meanwhile) waits for this one (Python's per-module import lock)."""
+    t0 = time.perf_counter()
+    try:
+        importlib.import_module("train.job")
+    except Exception:  # noqa: BLE001 - the run that needs it raises the same error where it is reported
+        log.exception("preloading the trainer's modules failed")
+        return
+    log.info("trainer modules preloaded in %.1f s", time.perf_counter() - t0)
 
 
 def start_controller(cfg: ClawrayConfig, *, detached: bool = False, poll_s: float | None = None,
