@@ -346,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     units, queries = corpus(args.units, seed=0)
     pick = np.random.default_rng(3).choice(args.units, size=args.queries, replace=False)
     asked, now, cfg = [queries[i] for i in pick], time.time(), MemoryConfig()
+    CACHE.mkdir(parents=True, exist_ok=True)  # the stores are built beside the cached corpora
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
         spaces: dict[str, tuple[SqliteMemoryStore, list[str], float, np.ndarray]] = {}
         for name in [primary, *[n for n in embedders if n != primary]]:  # one store per vector space
