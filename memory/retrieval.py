@@ -7,9 +7,9 @@ encoder, numpy and SQLite release the GIL), or with `overlap=False` before it on
 overlap saves ~1 ms when a core is idle and costs about as much when both are busy (the hand-off to a
 second thread; measured side by side in benchmarks/memory_retrieval.py). Query vectors are cached (LRU,
 `QUERY_CACHE` texts): an agent's tool-call steps resend the same last user message, and the encode is
-most of the cost on CPU. The proposals' stored rows are fetched in
-one query, which drops any unit outside the request's exact scopes, superseded or deleted (the isolation
-check), then fused (memory/fusion.py) on those rows; units are built only for the `top_k` kept.
+most of the cost on CPU. The proposals' stored rows are fetched (the full-text leg's while the vector leg
+still runs, then the vector leg's others), which drops any unit outside the request's exact scopes,
+superseded or deleted (the isolation check), then fused (memory/fusion.py) on those rows; units are built only for the `top_k` kept.
 Scopes that hold no unit cost one SQL query and no encoding.
 """
 
@@ -94,8 +94,10 @@ class MemorySearch:
         vector_leg = self._pool.submit(self._vector_ids, *legs) if self._pool is not None else None
         vec_ids = self._vector_ids(*legs) if vector_leg is None and self.index is not None else []
         text_ids = self.store.full_text(present, query, self.cfg.candidates, self.cfg.fts_max_df)
+        rows = self.store.fetch_rows(text_ids, scopes)  # while the vector leg (the longer one) still runs
         vec_ids = vector_leg.result() if vector_leg is not None else vec_ids
-        rows = self.store.fetch_rows(list(dict.fromkeys([*text_ids, *vec_ids])), scopes)
+        seen = set(text_ids)
+        rows += self.store.fetch_rows([u for u in dict.fromkeys(vec_ids) if u not in seen], scopes)
         # fuse reads unit_id, kind, updated_at and confidence: the rows carry them, units are built for top_k
         fused = fuse([text_ids, vec_ids], {r[0]: unit_row(r) for r in rows}, now, self.weights)
         hits = [(unit_of(r.row), score) for r, score in fused[: self.cfg.top_k]]
