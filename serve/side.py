@@ -52,6 +52,22 @@ AGENT_SIDE_MARKERS: tuple[str, ...] = (
     # OpenClaw 2026.9.6: the memory flush before compaction, and the compaction summary.
     "Pre-compaction memory flush.",
     "You are a context summarization assistant.",
+    # CoPaw 1.0.2 (its memory manager, ReMe 0.3.1.8's prompts; in English, or in Chinese with the agent's
+    # language `zh`, CoPaw's default): the compaction summary (/compact, automatic compaction), its own
+    # system prompt; the memory summary written to memory/ that runs beside each compaction, a line of the
+    # last user message after the transcript (its system prompt is "You are a helpful assistant.").
+    "You are a context compaction assistant.",
+    "你是一个上下文压缩助手。",
+    "Memory Pre-compression Flush Cycle.",
+    "预压缩内存刷新轮次。",
+    # CoPaw 1.0.2's console: the image and video support probes when a model is made active (the only
+    # user message, its text part after the image / video), and the skill editor's "AI optimize" (the
+    # system prompt, in the console's language: en, zh, ru).
+    "What is the single dominant color of this image? Reply with ONLY the color name, nothing else.",
+    "What is the single dominant color shown in this video? Reply with ONLY the color name, nothing else.",
+    "You are an AI skill optimization expert.",
+    "你是AI技能优化专家。",
+    "Вы эксперт по оптимизации AI-навыков.",
 )
 
 

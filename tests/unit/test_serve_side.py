@@ -1,9 +1,10 @@
 """Side requests of header-less agents (serve/side.py; issue 16 item 5), checked on the request shapes the
 real agents sent in interactive use (tests/unit/agent_side_requests.jsonl: excerpts of requests recorded
-from Claude Code 2.1.332, Codex 0.171.0, Qwen Code 0.24.4, Hermes Agent 0.19.0 and OpenClaw 2026.9.6 by
-tests/integration/agent_recorder.py; each text cut after its first ~90 characters, or after the agent's
-own phrase, and each conversation to its start and its last three messages; docs/agents.md "Side
-requests"). Through the Proxy's own path: each API's view, then extract_meta."""
+from Claude Code 2.1.332, Codex 0.171.0, Qwen Code 0.24.4, Hermes Agent 0.19.0, OpenClaw 2026.9.6 and
+CoPaw 1.0.2 (`copaw app` driven through its console chat route) by tests/integration/agent_recorder.py;
+each text cut after its first ~90 characters, or after the agent's own phrase, and each conversation to
+its start and its last three messages; docs/agents.md "Side requests"). Through the Proxy's own path:
+each API's view, then extract_meta."""
 
 from __future__ import annotations
 
@@ -46,9 +47,9 @@ def test_each_recorded_request_of_a_real_agent_is_classified_as_it_was_sent(rec)
     assert turn_type(rec["body"], rec["api"]) == rec["expect"]
 
 
-def test_the_recordings_cover_titles_summaries_and_the_main_loop_of_five_agents():
+def test_the_recordings_cover_titles_summaries_and_the_main_loop_of_six_agents():
     agents = {r["agent"] for r in RECORDED}
-    assert agents == {"claude-code", "codex", "qwen-code", "hermes", "openclaw"}
+    assert agents == {"claude-code", "codex", "qwen-code", "hermes", "openclaw", "copaw"}
     for agent in agents:
         kinds = {r["expect"] for r in RECORDED if r["agent"] == agent}
         assert kinds == {"main", "side"}, agent
