@@ -59,6 +59,7 @@ log = logging.getLogger("clawray.controller")
 HISTORY_MAX = 500
 SERVING_PROBE_S = 10.0  # how long the engine may take to answer the start-up probe
 ENGINE_SLEEP_S = 300.0  # how long the engine may take to sleep (in-flight requests finish first) or wake
+RUN_NAME = "grpo"  # the Ray Train run of every Controller run: the same name resumes its checkpoint
 WORKERS_GONE_S = 60.0  # how long a wake waits for an ended run's Ray Train workers to be gone
 STATE_KEY = "controller"  # in the control store
 # Runs that re-sample GRPO groups first (`train.rollouts`): a window's (serving idle by definition) and a
@@ -152,7 +153,8 @@ class ControllerActor:
         except RuntimeError:
             pass
         if self.cfg.scheduler.mode != "skills_only":
-            threading.Thread(target=preload_trainer, name="preload-trainer", daemon=True).start()
+            threading.Thread(target=preload_trainer, args=(RUN_NAME, self.cfg.ray.namespace),
+                             name="preload-trainer", daemon=True).start()
 
     # ---- persistence ------------------------------------------------------------------------------
 
@@ -211,7 +213,7 @@ class ControllerActor:
             raise RunLockBusy(busy_message(self.current["started_at"],
                                            f"Controller {self.current['reason']} run {self.current['run']}"))
         job = TrainJob(self.cfg.train, model_path=self.cfg.model_path(), storage=self.layout,
-                       run_name="grpo", max_steps=max_steps, lease_s=self.cfg.replay.lease_timeout_s,
+                       run_name=RUN_NAME, max_steps=max_steps, lease_s=self.cfg.replay.lease_timeout_s,
                        holder=f"Controller {reason} run {self.runs + 1}", state=self.cfg.state,
                        namespace=self.cfg.ray.namespace, test_hooks=self.test_hooks or None)
         rollouts = self.cfg.train.rollouts.enabled and reason in ROLLOUT_RUNS
@@ -519,19 +521,22 @@ class ControllerActor:
         return list(self.history)
 
 
-def preload_trainer() -> None:
-    """Import the training job's modules (`train.job`: Ray Train, torch, the GRPO loop) now, while the
-    Controller is idle. Else the first run imports them, ~2-3 s on 2 cores, and inside `_start` on the
-    actor's event loop: a cost of the first window only (benchmarks/window_efficiency.py, cold) that
-    also stalls every other call to the Controller meanwhile. A second import of the same modules (the
-    first window opening meanwhile) waits for this one (Python's per-module import lock)."""
+def preload_trainer(run_name: str, namespace: str) -> None:
+    """What the first run would otherwise start, now, while the Controller is idle: the training job's
+    modules (`train.job`: Ray Train, torch, the GRPO loop; ~2-3 s on 2 cores, imported inside `_start` on
+    the actor's event loop, so every other call to the Controller stalled meanwhile) and, with Ray up, the
+    run's control actor (a process of its own, ~1 s). Both were costs of the first window only
+    (benchmarks/window_efficiency.py, cold). A window opening meanwhile waits for the same import
+    (Python's per-module import lock) and finds the same actor (`get_control` is get-or-create)."""
     t0 = time.perf_counter()
     try:
-        importlib.import_module("train.job")
-    except Exception:  # noqa: BLE001 - the run that needs it raises the same error where it is reported
-        log.exception("preloading the trainer's modules failed")
+        job = importlib.import_module("train.job")
+        if ray.is_initialized():  # not in unit tests that build the actor without Ray
+            ray.get(job.get_control(run_name, namespace).should_stop.remote())
+    except Exception:  # noqa: BLE001 - the run that needs them raises the same error where it is reported
+        log.exception("preloading the trainer failed")
         return
-    log.info("trainer modules preloaded in %.1f s", time.perf_counter() - t0)
+    log.info("trainer preloaded in %.1f s", time.perf_counter() - t0)
 
 
 def start_controller(cfg: ClawrayConfig, *, detached: bool = False, poll_s: float | None = None,

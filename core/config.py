@@ -380,6 +380,11 @@ class TrainConfig(Section):
     # default 2 s there): a finished or failed run is noticed at most this late, so it is part of every
     # window's fixed cost (benchmarks/window_efficiency.py); each poll is one small call per worker.
     health_check_interval_s: float = Field(default=0.25, gt=0, le=60)
+    # Ray Train's preemption watcher (its RAY_TRAIN_ENABLE_PREEMPTION_WATCHER): one more actor process per
+    # run that polls the nodes for a spot preemption notice, so a run checkpoints before its node goes.
+    # Worth it on a cluster of preemptible nodes; on one machine it only starts a process beside the
+    # worker's imports at every window (configs/local.yaml turns it off).
+    preemption_watcher: bool = True
     clip_eps: float = Field(default=0.2, gt=0)
     clip_eps_high: float | None = None
     kl_coef: float = Field(default=0.0, ge=0)

@@ -86,11 +86,15 @@ def build_trainer(cfg: TrainConfig, *, model_path: str, storage: StorageLayout, 
     _require_v2()
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
-    from ray.train.v2._internal.constants import HEALTH_CHECK_INTERVAL_S_ENV_VAR
+    from ray.train.v2._internal.constants import (
+        ENABLE_PREEMPTION_WATCHER_ENV_VAR,
+        HEALTH_CHECK_INTERVAL_S_ENV_VAR,
+    )
 
-    # Ray Train V2 takes this setting only from the environment of the process that calls `fit` (it passes
-    # it on to its controller actor), so the config's value is put there.
+    # Ray Train V2 takes these settings only from the environment of the process that calls `fit` (it
+    # passes them on to its controller actor), so the config's values are put there.
     os.environ[HEALTH_CHECK_INTERVAL_S_ENV_VAR] = repr(cfg.health_check_interval_s)
+    os.environ[ENABLE_PREEMPTION_WATCHER_ENV_VAR] = "1" if cfg.preemption_watcher else "0"
 
     workers = cfg.num_workers if isinstance(cfg.num_workers, int) else tuple(cfg.num_workers)
     # The same bundle the Controller asks the autoscaler for (TrainConfig.worker_bundle).

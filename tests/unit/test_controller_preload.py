@@ -1,8 +1,9 @@
-"""The Controller imports the trainer's modules at its start, off its event loop, unless it never trains.
+"""The Controller preloads the trainer at its start, off its event loop, unless it never trains.
 
 Without it the first window's `_start` imported Ray Train, torch and the GRPO loop on the actor's event loop:
 ~3 s of the first window only (benchmarks/window_efficiency.py, the cold run), with every other call to
-the Controller stalled meanwhile.
+the Controller stalled meanwhile. (The run's control actor it also starts, with Ray up, is exercised by
+every integration test that trains through the Controller.)
 """
 
 from __future__ import annotations
@@ -23,19 +24,20 @@ async def test_the_controller_preloads_the_trainer_unless_it_never_trains(system
     calls: list[str] = []
     ran = threading.Event()
 
-    def preload() -> None:
-        calls.append(threading.current_thread().name)
+    def preload(run_name: str, namespace: str) -> None:
+        calls.append((threading.current_thread().name, run_name))
         ran.set()
 
     monkeypatch.setattr(controller_mod, "preload_trainer", preload)
     await make("skills_only")
     await make("rl", root="other")
     assert ran.wait(10)
-    assert calls == ["preload-trainer"]  # once, for the Controller that trains, on its own thread
+    assert calls == [("preload-trainer", "grpo")]  # once, for the Controller that trains, on its own thread
 
 
 def test_preload_trainer_imports_the_training_job():
     code = ("import sys; from cluster.controller import preload_trainer; assert 'train.job' not in sys.modules; "
-            "preload_trainer(); assert 'train.grpo' in sys.modules and 'ray.train' in sys.modules")
+            "preload_trainer('grpo', 'clawray'); import ray; assert not ray.is_initialized(); "
+            "assert 'train.grpo' in sys.modules and 'ray.train' in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=control.REPO, check=True, timeout=120,
                    env={**os.environ, "PYTHONPATH": str(control.REPO)})

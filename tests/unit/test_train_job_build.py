@@ -69,3 +69,19 @@ def test_the_controllers_poll_interval_comes_from_the_config(tmp_path: Path, mon
     assert get_env_vars_to_propagate()[HEALTH_CHECK_INTERVAL_S_ENV_VAR] == "0.5"
     with pytest.raises(ValueError):
         TrainConfig(health_check_interval_s=0)
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_preemption_watcher_follows_the_config(tmp_path: Path, monkeypatch, on: bool) -> None:
+    """The same way for Ray Train's preemption watcher (one actor process per run): off in
+    configs/local.yaml, where there is no spot node to watch."""
+    from ray.train.v2._internal.constants import ENABLE_PREEMPTION_WATCHER_ENV_VAR, get_env_vars_to_propagate
+
+    from core.config import load_config
+    from train.job import build_trainer
+
+    monkeypatch.delenv(ENABLE_PREEMPTION_WATCHER_ENV_VAR, raising=False)
+    build_trainer(TrainConfig(preemption_watcher=on), model_path="m", storage=StorageLayout(tmp_path),
+                  max_steps=1, run_name="r")
+    assert get_env_vars_to_propagate()[ENABLE_PREEMPTION_WATCHER_ENV_VAR] == ("1" if on else "0")
+    assert load_config(Path(__file__).resolve().parents[2] / "configs" / "local.yaml").train.preemption_watcher is False
