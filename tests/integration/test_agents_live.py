@@ -72,6 +72,8 @@ SIDE_PHRASES = (
     "Generate a short, descriptive title (3-7 words)", "You are a summarization agent creating a context checkpoint",
     "Review the conversation above and",  # Hermes
     "Pre-compaction memory flush", "You are a context summarization assistant",  # OpenClaw
+    "You are a context compaction assistant", "你是一个上下文压缩助手", "Memory Pre-compression Flush Cycle",
+    "预压缩内存刷新轮次", "What is the single dominant color", "You are an AI skill optimization expert",  # CoPaw
 )
 SKILL = Skill(name="answer-exactly", description="When asked to reply with a given word, reply with that word only.",
               body="Reply with exactly the word asked for: no preamble, no punctuation, no tool call.")
