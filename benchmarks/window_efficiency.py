@@ -8,6 +8,10 @@ replay holds fresh samples. Then two runs of `--steps` GRPO steps each through t
 starts them (`Controller.train_step`: sleep the engine where it shares a GPU, start the Ray Train job,
 workers load the base model and the LoRA, steps, publish, hot-swap, tear down, wake): the first right
 after start-up (cold: nothing cached), the second after it (warm: the OS page cache holds the model).
+Each run starts once the machine is quiet (`settle`: under 25% CPU over 2 s, as when a window opens after
+`scheduler.idle_minutes` without a request): the judging, memory ingestion and fast-loop evolution that
+the filled replay set off would otherwise run beside the first window (cold fixed costs of 13 to 20 s on
+the same code, in runs before this wait).
 
 From the step log (`checkpoints/grpo.steps.jsonl`: each step's compute `step_s`, its publish + hot-swap
 `publish_s`, and when it ended) and the wall clock around each run:
@@ -64,6 +68,33 @@ def utilisation(t: dict[str, Any], window_s: float) -> float:
     return fit * t["step_s"] / window_s
 
 
+def cpu_busy(interval: float = 2.0) -> float:
+    """The machine's CPU utilisation (0-1, all cores) over `interval` seconds, from /proc/stat."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        idle = v[3] + v[4]  # idle + iowait
+        return sum(v) - idle, sum(v)
+
+    b0, t0 = sample()
+    time.sleep(interval)
+    b1, t1 = sample()
+    return (b1 - b0) / max(t1 - t0, 1)
+
+
+def settle(limit: float = 0.25, timeout: float = 180.0) -> tuple[float, float]:
+    """Wait until the background work the filled replay set off (the PRM's judging, memory ingestion, the
+    fast loop's evolution) has finished: the CPU under `limit` busy over 2 s. A real window opens after
+    `scheduler.idle_minutes` without a request, when that work is long done; without this the first run
+    was timed against it (cold fixed costs from 13 to 20 s on the same code). Returns (seconds waited,
+    the last utilisation)."""
+    t0 = time.time()
+    busy = cpu_busy()
+    while busy > limit and time.time() - t0 < timeout:
+        busy = cpu_busy()
+    return time.time() - t0, busy
+
+
 def _fill_replay(system, n: int) -> None:
     import httpx
 
@@ -118,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         _fill_replay(system, a.samples)
         controller = system.handles[names.CONTROLLER]
         for label in ("cold", "warm"):
+            waited, busy = settle()
             seen = len(log.read_text().splitlines()) if log.exists() else 0
             t0 = time.time()
             result = ray.get(controller.train_step.remote(a.steps))
@@ -125,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             steps = [json.loads(x) for x in log.read_text().splitlines()[seen:] if x.strip()] if log.exists() else []
             t = run_timings(t0, t1, steps)
             t.update(run=label, stop_reason=result.get("stop_reason"), error=result.get("error"),
+                     settled_s=round(waited, 1), cpu_busy_at_start=round(busy, 3),
                      **{f"utilisation_{int(w)}s": utilisation(t, w) for w in WINDOWS_S})
             rows.append(t)
     finally:

@@ -40,7 +40,6 @@ and its Ray Train workers are gone; the wake is level-triggered (cluster/gpu_sha
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import threading
 import time
@@ -50,6 +49,7 @@ from typing import Any
 import ray
 
 from cluster import gpu_share
+from cluster.trainer_preload import preload_trainer
 from core import names
 from core.config import ClawrayConfig, StateConfig
 from core.kv import CONTROL_FILE, Conflict, adopt_json, control_store
@@ -519,24 +519,6 @@ class ControllerActor:
 
     async def history_events(self) -> list[dict[str, Any]]:
         return list(self.history)
-
-
-def preload_trainer(run_name: str, namespace: str) -> None:
-    """What the first run would otherwise start, now, while the Controller is idle: the training job's
-    modules (`train.job`: Ray Train, torch, the GRPO loop; ~2-3 s on 2 cores, imported inside `_start` on
-    the actor's event loop, so every other call to the Controller stalled meanwhile) and, with Ray up, the
-    run's control actor (a process of its own, ~1 s). Both were costs of the first window only
-    (benchmarks/window_efficiency.py, cold). A window opening meanwhile waits for the same import
-    (Python's per-module import lock) and finds the same actor (`get_control` is get-or-create)."""
-    t0 = time.perf_counter()
-    try:
-        job = importlib.import_module("train.job")
-        if ray.is_initialized():  # not in unit tests that build the actor without Ray
-            ray.get(job.get_control(run_name, namespace).should_stop.remote())
-    except Exception:  # noqa: BLE001 - the run that needs them raises the same error where it is reported
-        log.exception("preloading the trainer failed")
-        return
-    log.info("trainer preloaded in %.1f s", time.perf_counter() - t0)
 
 
 def start_controller(cfg: ClawrayConfig, *, detached: bool = False, poll_s: float | None = None,

@@ -36,7 +36,7 @@ async def test_the_controller_preloads_the_trainer_unless_it_never_trains(system
 
 
 def test_preload_trainer_imports_the_training_job():
-    code = ("import sys; from cluster.controller import preload_trainer; assert 'train.job' not in sys.modules; "
+    code = ("import sys; from cluster.trainer_preload import preload_trainer; assert 'train.job' not in sys.modules; "
             "preload_trainer('grpo', 'clawray'); import ray; assert not ray.is_initialized(); "
             "assert 'train.grpo' in sys.modules and 'ray.train' in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=control.REPO, check=True, timeout=120,

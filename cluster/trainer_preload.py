@@ -1,0 +1,47 @@
+"""Preloading the trainer in the Controller's process, at its start, so the first window does not pay for it.
+
+What the first run would otherwise start: the training job's modules (`train.job`: Ray Train, torch, the
+GRPO loop; ~2-3 s on 2 cores, imported inside the Controller's `_start` on the actor's event loop, so every
+other call to the Controller stalled meanwhile), the run's control actor (a process of its own, ~1 s)
+and Ray's cluster-wide autoscaling coordinator (~1.7 s). All were costs of the first window only
+(benchmarks/window_efficiency.py, cold). A window opening meanwhile waits for the same import (Python's
+per-module import lock) and finds the same actors (both are get-or-create).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+
+import ray
+
+log = logging.getLogger("clawray.controller")
+
+
+def preload_trainer(run_name: str, namespace: str) -> None:
+    """Import the training job's modules, then (with Ray up) start the run's control actor and Ray's
+    autoscaling coordinator. Never raises: what fails here fails again in the run, where it is reported."""
+    t0 = time.perf_counter()
+    try:
+        job = importlib.import_module("train.job")
+        if ray.is_initialized():  # not in unit tests that build the actor without Ray
+            ray.get(job.get_control(run_name, namespace).should_stop.remote())
+            _autoscaling_coordinator()
+    except Exception:  # noqa: BLE001 - the run that needs them raises the same error where it is reported
+        log.exception("preloading the trainer failed")
+        return
+    log.info("trainer preloaded in %.1f s", time.perf_counter() - t0)
+
+
+def _autoscaling_coordinator() -> None:
+    """Start Ray's cluster-wide autoscaling coordinator, a detached actor that Ray Train's scaling policy
+    creates in the first run of a cluster (~1.7 s of the cold window here), through Ray's own accessor.
+    Private to Ray: where a Ray release moves it, the first run creates it as before."""
+    try:
+        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+            get_or_create_autoscaling_coordinator,
+        )
+    except ImportError:
+        return
+    ray.get(get_or_create_autoscaling_coordinator().__ray_ready__.remote())
