@@ -2,10 +2,15 @@
 
 What the first run would otherwise start: the training job's modules (`train.job`: Ray Train, torch, the
 GRPO loop; ~2-3 s on 2 cores, imported inside the Controller's `_start` on the actor's event loop, so every
-other call to the Controller stalled meanwhile), the run's control actor (a process of its own, ~1 s)
-and Ray's cluster-wide autoscaling coordinator (~1.7 s). All were costs of the first window only
-(benchmarks/window_efficiency.py, cold). A window opening meanwhile waits for the same import (Python's
-per-module import lock) and finds the same actors (both are get-or-create).
+other call to the Controller stalled meanwhile) and Ray's cluster-wide autoscaling coordinator (~1.7 s).
+Both were costs of the first window only (benchmarks/window_efficiency.py, cold). A window opening
+meanwhile waits for the same import (Python's per-module import lock) and finds the same actor (Ray's
+accessor is get-or-create).
+
+Not the run's control actor (train/control.py), although it is a process of the first window too: it is
+owned by the process that creates it, so a Controller restarted after a crash would find, at its start,
+the dying control actor of its killed incarnation by name, cache it, and lose its first run to
+ActorDiedError (seen in test_controller_windows.py). The run creates it when it starts, as before.
 """
 
 from __future__ import annotations
@@ -19,14 +24,13 @@ import ray
 log = logging.getLogger("clawray.controller")
 
 
-def preload_trainer(run_name: str, namespace: str) -> None:
-    """Import the training job's modules, then (with Ray up) start the run's control actor and Ray's
-    autoscaling coordinator. Never raises: what fails here fails again in the run, where it is reported."""
+def preload_trainer() -> None:
+    """Import the training job's modules, then (with Ray up) start Ray's autoscaling coordinator. Never
+    raises: what fails here fails again in the run, where it is reported."""
     t0 = time.perf_counter()
     try:
-        job = importlib.import_module("train.job")
+        importlib.import_module("train.job")
         if ray.is_initialized():  # not in unit tests that build the actor without Ray
-            ray.get(job.get_control(run_name, namespace).should_stop.remote())
             _autoscaling_coordinator()
     except Exception:  # noqa: BLE001 - the run that needs them raises the same error where it is reported
         log.exception("preloading the trainer failed")
