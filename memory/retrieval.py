@@ -94,10 +94,12 @@ class MemorySearch:
         vector_leg = self._pool.submit(self._vector_ids, *legs) if self._pool is not None else None
         vec_ids = self._vector_ids(*legs) if vector_leg is None and self.index is not None else []
         text_ids = self.store.full_text(present, query, self.cfg.candidates, self.cfg.fts_max_df)
-        rows = self.store.fetch_rows(text_ids, scopes)  # while the vector leg (the longer one) still runs
-        vec_ids = vector_leg.result() if vector_leg is not None else vec_ids
-        seen = set(text_ids)
-        rows += self.store.fetch_rows([u for u in dict.fromkeys(vec_ids) if u not in seen], scopes)
+        if vector_leg is None:  # both legs done: one fetch
+            rows = self.store.fetch_rows(list(dict.fromkeys([*text_ids, *vec_ids])), scopes)
+        else:  # the full-text leg's rows while the vector leg (the longer one) still runs, then the rest
+            rows = self.store.fetch_rows(text_ids, scopes)
+            vec_ids, seen = vector_leg.result(), set(text_ids)
+            rows += self.store.fetch_rows([u for u in dict.fromkeys(vec_ids) if u not in seen], scopes)
         # fuse reads unit_id, kind, updated_at and confidence: the rows carry them, units are built for top_k
         fused = fuse([text_ids, vec_ids], {r[0]: unit_row(r) for r in rows}, now, self.weights)
         hits = [(unit_of(r.row), score) for r, score in fused[: self.cfg.top_k]]
