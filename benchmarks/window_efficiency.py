@@ -68,30 +68,18 @@ def utilisation(t: dict[str, Any], window_s: float) -> float:
     return fit * t["step_s"] / window_s
 
 
-def cpu_busy(interval: float = 2.0) -> float:
-    """The machine's CPU utilisation (0-1, all cores) over `interval` seconds, from /proc/stat."""
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        idle = v[3] + v[4]  # idle + iowait
-        return sum(v) - idle, sum(v)
-
-    b0, t0 = sample()
-    time.sleep(interval)
-    b1, t1 = sample()
-    return (b1 - b0) / max(t1 - t0, 1)
-
-
 def settle(limit: float = 0.25, timeout: float = 180.0) -> tuple[float, float]:
     """Wait until the background work the filled replay set off (the PRM's judging, memory ingestion, the
     fast loop's evolution) has finished: the CPU under `limit` busy over 2 s. A real window opens after
     `scheduler.idle_minutes` without a request, when that work is long done; without this the first run
     was timed against it (cold fixed costs from 13 to 20 s on the same code). Returns (seconds waited,
     the last utilisation)."""
+    import psutil  # a dependency of Ray's
+
     t0 = time.time()
-    busy = cpu_busy()
+    busy = psutil.cpu_percent(interval=2.0) / 100  # all cores
     while busy > limit and time.time() - t0 < timeout:
-        busy = cpu_busy()
+        busy = psutil.cpu_percent(interval=2.0) / 100
     return time.time() - t0, busy
 
 
