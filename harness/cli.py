@@ -37,8 +37,8 @@ def demo(config: control.ConfigOpt = None,
 @app.command()
 def bench(workload: Annotated[Path | None, typer.Argument(help="a MetaClaw-Bench-format folder "
                                                              "(default: workloads/clawray-mini)")] = None,
-          conditions: Annotated[str, typer.Option(help="comma-separated: baseline, skills, full, groups "
-                                                       "(re-sampled GRPO groups), opd (needs --teacher)")]
+          conditions: Annotated[str, typer.Option(help="comma-separated: baseline, skills, full (re-sampled "
+                                                       "GRPO groups), batchnorm, opd (needs --teacher)")]
           = "baseline,skills,full",
           seeds: Annotated[int, typer.Option(min=1, help="seeds per condition (0 .. N-1)")] = 3,
           rounds: Annotated[int | None, typer.Option(min=1, help="play only the first N rounds of each day")] = None,
