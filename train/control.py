@@ -9,13 +9,17 @@ the configured namespace (`ray.namespace`).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 import ray
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from core.metrics import hold, zero_counter
 from core.names import DEFAULT_NAMESPACE, control_name
+
+log = logging.getLogger(__name__)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1)
@@ -73,18 +77,35 @@ class TrainControl:
 
 
 _HANDLES: dict[str, Any] = {}
+REPLACE_TIMEOUT_S = 60.0  # how long a dead control actor may keep its name before get_control gives up
 
 
-def get_control(run_name: str, namespace: str = DEFAULT_NAMESPACE):
+def get_control(run_name: str, namespace: str = DEFAULT_NAMESPACE, timeout_s: float = REPLACE_TIMEOUT_S):
     """Get or create the run's control actor, named in `namespace`. Not detached: it lives as long as the
-    process that started the run (a driver, or the Controller actor) keeps the handle cached here.
+    process that created it (a driver, or the Controller actor) keeps the handle cached here.
 
     NOTE: the cache matters: a non-detached actor dies when its last handle goes away, and a later
-    `get_if_exists` could otherwise pick up the dying actor of a previous window.
+    `get_if_exists` could otherwise pick up the dying actor of a previous window. And the cache is checked:
+    an actor dies with its owner, so a handle cached (or found by name) after another process created the
+    actor, such as a Controller's previous incarnation, can be dead. Such a handle is dropped, and the name
+    asked for again until Ray has freed it and a live actor answers (one round trip per call when alive;
+    this runs once per training window).
     """
     key = f"{ray.get_runtime_context().get_job_id()}/{namespace}/{run_name}"  # handles die with their session
-    handle = _HANDLES.get(key)
-    if handle is None:
-        handle = TrainControl.options(name=control_name(run_name), namespace=namespace, get_if_exists=True).remote()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        handle = _HANDLES.get(key)
+        if handle is None:
+            handle = TrainControl.options(name=control_name(run_name), namespace=namespace,
+                                          get_if_exists=True).remote()
+        try:
+            ray.get(handle.should_stop.remote(), timeout=max(1.0, deadline - time.monotonic()))
+        except (RayActorError, GetTimeoutError):
+            _HANDLES.pop(key, None)
+            if time.monotonic() >= deadline:
+                raise
+            log.info("the control actor of run %r is gone (its owner died); asking for a new one", run_name)
+            time.sleep(0.2)  # the dead actor may hold the name a moment longer
+            continue
         _HANDLES[key] = handle
-    return handle
+        return handle

@@ -1,0 +1,63 @@
+"""The run's control actor after its owner died (train/control.py `get_control`).
+
+A restarted Controller (or any process that cached a handle) must not keep a control actor whose owner is
+gone: the actor dies with its owner, and a cached or looked-up handle to it would fail every later window
+with ActorDiedError. The owner's death is driven by `ray.kill`, and the test waits until the old actor is
+dead before asking again: no timing luck either way.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+import ray
+
+from train.control import get_control
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+
+@ray.remote(num_cpus=0)
+class _Owner:
+    """Stands for a Controller incarnation: creates (and so owns) the run's control actor."""
+
+    def make(self, run: str) -> str:
+        handle = get_control(run, "clawray")
+        ray.get(handle.reset.remote())
+        return ray.get(handle.status.remote())["state"]
+
+
+def _dead(handle) -> bool:
+    try:
+        ray.get(handle.status.remote(), timeout=10)
+        return False
+    except ray.exceptions.RayActorError:
+        return True
+
+
+def test_get_control_replaces_a_control_actor_whose_owner_died():
+    run = f"ctl-{uuid.uuid4().hex[:8]}"
+    owner = _Owner.remote()
+    assert ray.get(owner.make.remote(run)) == "running"
+    first = get_control(run, "clawray")  # the owner's actor, found by name (and cached here)
+    assert ray.get(first.status.remote())["state"] == "running"
+    ray.kill(owner, no_restart=True)  # the owner dies, so its control actor dies with it
+    deadline = time.monotonic() + 60
+    while not _dead(first):
+        assert time.monotonic() < deadline, "the control actor outlived its owner"
+        time.sleep(0.2)
+    again = get_control(run, "clawray")
+    assert ray.get(again.status.remote(), timeout=30)["state"] == "idle"  # a new, live actor
+    ray.get(again.request_stop.remote())
+    assert ray.get(get_control(run, "clawray").should_stop.remote())  # the new one stays cached
+
+
+def test_get_control_keeps_a_live_actor():
+    run = f"ctl-{uuid.uuid4().hex[:8]}"
+    a = get_control(run, "clawray")
+    ray.get(a.request_stop.remote())
+    b = get_control(run, "clawray")
+    assert ray.get(b.should_stop.remote())
+    assert b is a  # the cached handle, checked alive, not a second actor
