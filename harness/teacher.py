@@ -4,7 +4,7 @@ On-policy distillation (rewards/opd.py, `train.opd_weight`) needs a teacher endp
 `/tokenize` (the tokenizer check) and `/v1/completions` with `echo` + `logprobs` on token-id prompts (the
 teacher's logprob of every sampled token). On a GPU cluster that is a larger model of the same family; on
 this machine it is another locally built tiny model with the same tokenizer (e.g. the
-instruction-following `tiny-instruct` teaching the random `tiny-chat`). `clawray bench --teacher` and the
+instruction-following `tiny-instruct` teaching the random `tiny-chat`, model name `tiny`). `clawray bench --teacher` and the
 OPD integration test start one with `serve_teacher`.
 """
 
