@@ -7,10 +7,10 @@ Both were costs of the first window only (benchmarks/window_efficiency.py, cold)
 meanwhile waits for the same import (Python's per-module import lock) and finds the same actor (Ray's
 accessor is get-or-create).
 
-Not the run's control actor (train/control.py), although it is a process of the first window too: it is
-owned by the process that creates it, so a Controller restarted after a crash would find, at its start,
-the dying control actor of its killed incarnation by name, cache it, and lose its first run to
-ActorDiedError (seen in test_controller_windows.py). The run creates it when it starts, as before.
+Not the run's control actor (train/control.py): a Controller restarted after a crash would find, at its
+start, the control actor of its killed incarnation by name while that actor is still dying with its owner
+(seen in test_controller_windows.py). `get_control` now replaces such an actor (tests/integration/
+test_train_control.py), but only after it has died; the run creates its control actor when it starts.
 """
 
 from __future__ import annotations
