@@ -53,6 +53,8 @@ def serve_teacher(model_path: str | Path, port: int, *, max_model_len: int = 409
     """A running teacher server; yields its endpoint (`rewards.teacher`), stops it (its process group) at
     exit. Raises RuntimeError with the log's tail when it does not come up."""
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "HF_HUB_OFFLINE": "1"}
+    if log:  # a bench run's folder is created by the run, after its teacher is up
+        log.parent.mkdir(parents=True, exist_ok=True)
     out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 - closed below
     proc = subprocess.Popen(teacher_argv(str(model_path), port, max_model_len), env=env, stdout=out,
                             stderr=subprocess.STDOUT, start_new_session=True)
