@@ -216,8 +216,17 @@ class EmbeddingCache:
     def dim(self) -> int:
         return self.embedder.dim
 
+    @property
+    def encoder_id(self) -> str:
+        return self.embedder.encoder_id
+
     def __len__(self) -> int:
         return len(self._vecs)
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        """The embedder's `encode` (not cached): with `encode_query` and `encoder_id` an EmbeddingCache is
+        itself an `Embedder`, so memory retrieval can read through the same cache as skill retrieval."""
+        return self.embedder.encode(texts)
 
     def encode_query(self, text: str) -> np.ndarray:
         """(dim,) unit vector of one query text. Cached (LRU): an agent's tool-call steps resend the same
@@ -254,6 +263,25 @@ class EmbeddingCache:
         with self._lock:
             for k in [k for k in self._vecs if k not in keep]:
                 del self._vecs[k]
+
+
+_SHARED: dict[tuple[str, str], EmbeddingCache] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_cache(model: str = DEFAULT_MODEL, encoder: str = "transformer") -> EmbeddingCache:
+    """The process's one `EmbeddingCache` over `SentenceEmbedder(model, encoder=encoder)`, made on first use.
+
+    A Proxy replica retrieves skills and memories for the same query (the last user message) with the same
+    model by default: through one shared cache it holds the model once, and the query that skill retrieval
+    encoded is found by memory retrieval instead of encoded again.
+    """
+    key = (model, encoder)
+    with _SHARED_LOCK:  # held while loading: a second caller waits for the first model, not for a second one
+        cache = _SHARED.get(key)
+        if cache is None:
+            cache = _SHARED[key] = EmbeddingCache(SentenceEmbedder(model, encoder=encoder))
+        return cache
 
 
 class VectorSet:

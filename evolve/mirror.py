@@ -466,12 +466,12 @@ class SnapshotReader:
     `cache`: this host's folder of downloaded snapshots (not the Evolver's skills folder)."""
 
     def __init__(self, blob_root: str, cache: Path, cfg: SkillsConfig):
-        from evolve.embedding import EmbeddingCache, SentenceEmbedder
+        from evolve.embedding import shared_cache
 
         self.blobs = BlobStore(blob_root)
         self.cache, self.cfg = Path(cache), cfg
         # One encoder and cache for every snapshot: a skill is encoded once, however many versions it is in.
-        self._embedder = EmbeddingCache(SentenceEmbedder(cfg.embedding_model, encoder=cfg.embedding_encoder)) \
+        self._embedder = shared_cache(cfg.embedding_model, cfg.embedding_encoder) \
             if cfg.retrieval == "embedding" else None
         self.version = 0
         self._refused = 0

@@ -88,10 +88,13 @@ class SkillInjector:
 
             return cls(None, cfg, SnapshotReader(blob_root, skills_dir.with_name("skills-snapshots"), cfg))
         from evolve.bank import SkillBank
+        from evolve.embedding import shared_cache
         from evolve.retrieval import SkillSearch
 
         skills_dir.mkdir(parents=True, exist_ok=True)
-        return cls(SkillSearch(SkillBank(skills_dir, cfg), cfg), cfg)
+        # Shared with memory retrieval (serve/memory_injection.py): one model, one encode per query.
+        embedder = shared_cache(cfg.embedding_model, cfg.embedding_encoder) if cfg.retrieval == "embedding" else None
+        return cls(SkillSearch(SkillBank(skills_dir, cfg), cfg, embedder), cfg)
 
     def start(self) -> asyncio.Task | None:
         """On the replica's loop. A local folder needs no task: refresh is driven by requests (time-gated),

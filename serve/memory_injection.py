@@ -84,9 +84,11 @@ class MemoryInjector:
             return None
         embedder = None
         if cfg.embedding_model:
-            from evolve.embedding import SentenceEmbedder  # the skills plane's offline MiniLM loader
+            from evolve.embedding import shared_cache  # the skills plane's offline MiniLM loader
 
-            embedder = SentenceEmbedder(cfg.embedding_model, encoder=cfg.embedding_encoder)
+            # The replica's one model and query cache, shared with embedding skill retrieval: the query (the
+            # last user message) that skills encoded is not encoded again here.
+            embedder = shared_cache(cfg.embedding_model, cfg.embedding_encoder)
         search = MemorySearch(open_memory_store(memory_dir, state), cfg, embedder)
         return cls(search, cfg, make_counter(tokenizer_path), max_model_len)
 
