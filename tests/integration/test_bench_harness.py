@@ -1,9 +1,10 @@
-"""`clawray bench` end to end (issue 18 items 2-3): the project's workload in four conditions, one seed,
+"""`clawray bench` end to end (issue 18 items 2-4): the project's workload in five conditions, one seed,
 each run on a fresh system of its own (Ray, actors, vLLM on CPU) in a child process, as a user runs it.
 
 What each condition must do is checked on what the runs report: nothing learns in `baseline`, `skills`
 grows skills but publishes no adapter, `full` re-samples GRPO groups through the engine and trains them
-every evening (but the last), `batchnorm` trains the turns as served, and the results folder holds
+every evening (but the last), `batchnorm` trains the turns as served, `opd` trains as `full` with a real
+teacher (`vllm serve` of the instruction-following model) whose logprobs reach the loss, and the results folder holds
 bench.json (per day and overall, the ordering check) and bench.png. Whether the ordering holds is a
 measurement (benchmarks/efficacy.py, docs/bench.md), not asserted here: one seed gives no interval, and
 this runs on the random tiny model (the suite's default), which cannot read the skills it is given.
@@ -29,20 +30,21 @@ def test_bench_runs_every_condition_on_a_fresh_system(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_TRAIN_V2_ENABLED": "1", "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "bench", "--seeds", "1", "--out", str(out),
-                           "--conditions", "baseline,skills,full,batchnorm", "--rounds", "6"],
+                           "--conditions", "baseline,skills,full,batchnorm,opd", "--teacher", "tiny-instruct",
+                           "--rounds", "6"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((out / "bench.json").read_text())
     assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
     runs = {r["condition"]: r for r in result["runs"]}
-    assert set(runs) == {"baseline", "skills", "full", "batchnorm"} and result["seeds"] == [0]
+    assert set(runs) == {"baseline", "skills", "full", "batchnorm", "opd"} and result["seeds"] == [0]
     for r in runs.values():
         assert [d["day"] for d in r["days"]] == ["day01", "day02", "day03"]
         assert all(d["rounds"] == 6 and d["errors"] == 0 and 0 <= d["accuracy"] <= 1 for d in r["days"])
         assert r["days"][-1]["samples"] >= 18  # every round's reply was scored and stored
     assert all(d["skills"] == 0 and d["adapters"] == 0 for d in runs["baseline"]["days"])
     assert all(d["adapters"] == 0 and d["window"] is None for d in runs["skills"]["days"])
-    for cond in ("full", "batchnorm"):
+    for cond in ("full", "batchnorm", "opd"):
         evenings = [d["window"] for d in runs[cond]["days"][:-1]]
         assert all(w["steps"] >= 1 and not w["error"] for w in evenings), evenings
         assert runs[cond]["days"][-1]["window"] is None and runs[cond]["days"][-1]["adapters"] >= 2
@@ -54,6 +56,14 @@ def test_bench_runs_every_condition_on_a_fresh_system(tmp_path):
     assert groups["samples"] == GROUP_SIZE * groups["groups"] and groups["groups"] + groups["uniform"] + groups["ungradable"] \
         == groups["prompts"]
     assert runs["full"]["days"][0]["window"]["trained"] >= min(groups["samples"], 8) or groups["groups"] == 0
+    # `opd`: the teacher's logprobs reached the loss (the steps' reverse KL to it; 0 in `full`, which has none)
+    def opd_kl(cond: str) -> list[float]:
+        steps = out / f"{cond}-s0" / "state" / "checkpoints" / "grpo.steps.jsonl"
+        return [json.loads(line)["opd_kl"] for line in steps.read_text().splitlines() if line.strip()]
+
+    assert opd_kl("opd") and all(k != 0 for k in opd_kl("opd")), opd_kl("opd")
+    assert all(k == 0 for k in opd_kl("full"))
     assert [(o["lower"], o["higher"], o["holds"]) for o in result["ordering"]] == [
-        ("baseline", "skills", None), ("skills", "full", None), ("batchnorm", "full", None)]  # one seed: no verdict
+        ("baseline", "skills", None), ("skills", "full", None), ("batchnorm", "full", None),
+        ("full", "opd", None)]  # one seed: no verdict
     assert "baseline < skills: gap" in proc.stdout and result["model"] == "tiny"
