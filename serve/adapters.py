@@ -24,7 +24,10 @@ class AdapterRegistry:
     retiring: set[str] = field(default_factory=set)  # unload requested, waiting for in-flight to drain
 
     def resolve(self, requested: str | None) -> str | None:
-        """Map a request's `model` to an adapter name (None = base). Unknown ids mean the policy."""
+        """Map a request's `model` to an adapter name (None = base). Unknown ids mean the policy, and so does
+        a value that is not a string (the Proxy refuses those first; the engine's handle has other callers)."""
+        if not isinstance(requested, str):
+            return self.active
         if requested == self.base_name:
             return None
         if requested in self.loaded and requested not in self.retiring:

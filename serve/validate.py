@@ -96,9 +96,18 @@ def _check_tools(body: dict[str, Any]) -> None:
             raise RequestError(f"tools[{i}] must be an object")
 
 
+def _check_model(body: dict[str, Any]) -> None:
+    """`model` is a string in both APIs (absent or null: the policy). Another value reached the engine's
+    adapter lookup, which hashed it: a 500 (found by the CI fuzz run: `"model": []`)."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RequestError(f"model: Input should be a valid string, not {type(model).__name__}")
+
+
 def check_chat(body: dict[str, Any]) -> None:
     """OpenAI chat completions: `messages`, each with a known role and known content part types."""
     require_messages(body)
+    _check_model(body)
     _check_tools(body)
     for i, m in enumerate(body["messages"]):
         if m["role"] not in OPENAI_ROLES:
@@ -111,6 +120,7 @@ def check_messages(body: dict[str, Any]) -> None:
     """Anthropic messages (and count_tokens): known roles and content block types, tool results included;
     `system` as text or text blocks."""
     require_messages(body)
+    _check_model(body)
     _check_tools(body)
     _check_content("system", body.get("system"), ANTHROPIC_SYSTEM_TYPES, "system block")
     for i, m in enumerate(body["messages"]):
@@ -132,6 +142,7 @@ def check_responses(body: dict[str, Any]) -> None:
     for field in ("previous_response_id", "conversation"):
         if body.get(field) is not None:
             raise RequestError(f"{field} is not supported: {STATELESS_HINT}")
+    _check_model(body)
     _check_tools(body)
     items = body.get("input")
     if items is None:

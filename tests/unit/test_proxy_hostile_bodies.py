@@ -79,6 +79,20 @@ def test_the_body_the_ci_fuzz_run_crashed_the_proxy_with_is_a_400(proxy):
     assert len(proxy.engine._target.bodies) == sent  # refused before the engine
 
 
+def test_a_model_that_is_not_a_string_is_a_400_before_the_engine(proxy):
+    """The CI fuzz run of 2026-12-04: `"model": []` on /v1/messages reached the engine, whose adapter lookup
+    hashed it (a 500). Both APIs define `model` as a string; clawray also takes it absent or null."""
+    sent = len(proxy.engine._target.bodies)
+    hi = [{"role": "user", "content": "hi"}]
+    for model in ([], {}, 7, ["clawray-policy"], True):
+        for api, body in [(CHAT, {"messages": hi}), (MESSAGES, {"messages": hi, "max_tokens": 4}),
+                          (RESPONSES, {"input": "hi"})]:
+            response = asyncio.run(proxy.handle(_request({**body, "model": model}), api))
+            assert response.status_code == 400 and b"model" in response.body, (api.name, model)
+    assert len(proxy.engine._target.bodies) == sent
+    assert _status(proxy, CHAT, {"messages": hi, "model": None}) == 200
+
+
 @settings(max_examples=250, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(body=BODY, anthropic=st.booleans())
 def test_any_chat_or_messages_body_is_served_or_refused_with_a_4xx(proxy, body, anthropic):

@@ -49,3 +49,12 @@ def test_retention_keeps_newest_and_active():
 def test_only_versioned_names():
     with pytest.raises(ValueError):
         reg().add("latest", "/x")
+
+
+def test_a_model_id_that_is_not_a_string_means_the_policy():
+    """The engine's own guard (the Proxy refuses such a body with a 400 first): an unhashable `model` from a
+    caller of the engine's handle must not raise."""
+    reg = AdapterRegistry(base_name="base", alias="policy")
+    reg.loaded["policy-v0001"] = "/a"
+    reg.active = "policy-v0001"
+    assert reg.resolve([]) == reg.resolve({"x": 1}) == reg.resolve(7) == "policy-v0001"
