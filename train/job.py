@@ -85,7 +85,7 @@ def build_trainer(cfg: TrainConfig, *, model_path: str, storage: StorageLayout, 
     `test_hooks` (tests only): {"before_seal": name of an actor rank 0 awaits before sealing a step}."""
     _require_v2()
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchConfig
     from ray.train.v2._internal.constants import (
         ENABLE_PREEMPTION_WATCHER_ENV_VAR,
         HEALTH_CHECK_INTERVAL_S_ENV_VAR,
@@ -117,13 +117,35 @@ def build_trainer(cfg: TrainConfig, *, model_path: str, storage: StorageLayout, 
         "run_name": run_name, "max_steps": max_steps, "lease_s": lease_s, "notify_serving": notify_serving,
         "test_hooks": dict(test_hooks or {}), "namespace": namespace,
     }
-    return TorchTrainer(
+    return trainer_class()(
         train_loop_per_worker,
         train_loop_config=loop_config,
         scaling_config=scaling,
         run_config=run,
         torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
     )
+
+
+def trainer_class() -> type:
+    """Ray Train's `TorchTrainer`, less Ray Data's callback when a run has no datasets (the GRPO loop
+    leases its batches from the Replay actor and never has any).
+
+    Why: that callback starts a `DatasetManager` actor in every run whether or not there are datasets: one
+    more process spawned per window, which imports Ray Data while the training worker starts on the same
+    cores (benchmarks/window_efficiency.py). Without it the workers' train context has no dataset shard
+    provider, which only `ray.train.get_dataset_shard` reads. Ray Train has no option for it; the override
+    keeps Ray's list of default callbacks otherwise as it is."""
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+
+    class GRPOTrainer(TorchTrainer):
+        def _create_default_callbacks(self) -> list:
+            callbacks = super()._create_default_callbacks()
+            if self.datasets:
+                return callbacks
+            return [c for c in callbacks if not isinstance(c, DatasetsCallback)]
+
+    return GRPOTrainer
 
 
 def take_run_lock(storage: StorageLayout, holder: str, state: StateConfig | dict | None = None) -> RunLease:

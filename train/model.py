@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -26,8 +27,24 @@ OPTIMIZER_FILE = "optimizer.pt"
 DS_DIR = "deepspeed"
 
 
+def skip_sklearn() -> None:
+    """Keep scikit-learn out of this process's transformers: transformers imports it (with scipy.stats, ~1 s
+    on this 2-core machine) as soon as its generation utilities load, i.e. with any model class, only for
+    assisted decoding's confidence threshold (`transformers.generation.candidate_generator`), which a
+    trainer never runs. A training worker is a fresh process every window, so that second was part of every
+    window's fixed cost (benchmarks/window_efficiency.py). transformers has no switch for it, so its own
+    availability check answers "no" (assisted decoding then runs without the threshold, as it does where
+    scikit-learn is not installed). Must run before transformers' generation module is first imported."""
+    if "transformers.generation.candidate_generator" in sys.modules:
+        return  # too late in this process (it was imported before): nothing to gain
+    import transformers.utils
+
+    transformers.utils.is_sklearn_available = lambda: False
+
+
 def build_peft_model(model_path: str, cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
     """Base causal LM from a local folder + a fresh LoRA adapter (rank/alpha/targets from cfg.lora)."""
+    skip_sklearn()
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.window_efficiency import run_timings, utilisation
+from benchmarks.window_efficiency import median_row, run_timings, utilisation
 
 
 def test_fixed_costs_come_from_the_step_records_and_the_wall_clock():
@@ -13,3 +13,11 @@ def test_fixed_costs_come_from_the_step_records_and_the_wall_clock():
     assert utilisation(t, 60.0) == pytest.approx(3 * 8 / 60)  # (60 - 25) // 10 = 3 steps
     assert utilisation(t, 20.0) == 0.0  # the fixed cost alone exceeds the window
     assert run_timings(0.0, 9.0, [])["steps"] == 0 and utilisation(run_timings(0.0, 9.0, []), 60) == 0.0
+
+
+def test_several_warm_runs_get_a_median_row():
+    runs = [run_timings(0.0, 10.0 + d, [{"time": 9.0 + d, "step_s": 1.0, "publish_s": 0.5}]) for d in (0.0, 3.0, 1.0)]
+    for r in runs:
+        r.update(run="warm", utilisation_60s=0.1, utilisation_1800s=0.2)
+    m = median_row(runs)
+    assert m["run"] == "warm median" and m["to_first_step_s"] == 8.5 and m["fixed_s"] == 9.5  # d = 1.0

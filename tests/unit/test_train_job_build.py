@@ -85,3 +85,18 @@ def test_the_preemption_watcher_follows_the_config(tmp_path: Path, monkeypatch, 
                   max_steps=1, run_name="r")
     assert get_env_vars_to_propagate()[ENABLE_PREEMPTION_WATCHER_ENV_VAR] == ("1" if on else "0")
     assert load_config(Path(__file__).resolve().parents[2] / "configs" / "local.yaml").train.preemption_watcher is False
+
+
+def test_a_run_without_datasets_starts_no_dataset_manager(tmp_path: Path) -> None:
+    """Ray Data's callback starts a DatasetManager actor (a process importing Ray Data) in every run; the
+    GRPO loop has no datasets, so the trainer leaves that callback out and keeps Ray's others."""
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+    from train.job import build_trainer
+
+    trainer = build_trainer(TrainConfig(), model_path="m", storage=StorageLayout(tmp_path), max_steps=1, run_name="r")
+    kinds = [type(c) for c in trainer._create_default_callbacks()]
+    assert DatasetsCallback not in kinds and PlacementGroupCleanerCallback in kinds
+    trainer.datasets = {"rows": object()}  # a run that has datasets keeps the callback
+    assert DatasetsCallback in [type(c) for c in trainer._create_default_callbacks()]
