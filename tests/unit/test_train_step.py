@@ -220,15 +220,15 @@ def test_the_training_worker_does_not_import_trl() -> None:
     assert out.stdout.strip() == "False"
 
 
-def test_the_training_worker_does_not_import_scikit_learn() -> None:
+def test_the_training_worker_does_not_import_scikit_learn(model_path: str) -> None:
     """transformers imports scikit-learn (with scipy.stats, ~1 s here) when its generation utilities load,
     only for assisted decoding, which a trainer never runs; the worker is a fresh process every window, so
     that second is part of every window's fixed cost (benchmarks/window_efficiency.py)."""
     import subprocess
     import sys
 
-    code = ("import sys, torch, train.model as m; m.skip_sklearn(); "
-            "from transformers import AutoModelForCausalLM; import peft; print('sklearn' in sys.modules)")
+    code = ("import sys, torch, train.model as m; from core.config import TrainConfig; "
+            f"m.build_peft_model({model_path!r}, TrainConfig(), torch.device('cpu')); print('sklearn' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == "False"
