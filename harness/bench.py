@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -211,6 +212,9 @@ def run_one(cfg: ClawrayConfig, workload_dir: Path, condition: str, seed: int, o
         for d in workload.days:
             d.rounds = d.rounds[:rounds]
     root = out / f"{condition}-s{seed}"
+    # A fresh system also means fresh state: an earlier bench into the same `out` left this run's sessions,
+    # replay and skills behind, and a run on them counts the old turns as its own.
+    shutil.rmtree(root, ignore_errors=True)
     cfg = bench_config(cfg, condition, seed, root / "state", workload.workspace_src, model)
     for k, v in runtime_env_vars(cfg).items():
         os.environ.setdefault(k, v)

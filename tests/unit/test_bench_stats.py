@@ -119,3 +119,31 @@ def test_the_opd_condition_needs_a_teacher_and_sets_the_weight(tmp_path: Path):
     assert bench_config(load_config(None), "full", 0, tmp_path, None).train.opd_weight == 0.0
     with pytest.raises(ValueError, match="--teacher"):
         run_bench(tmp_path, ["full", "opd"], 1, tmp_path / "out")
+
+
+def test_a_run_starts_from_an_empty_folder_when_an_earlier_bench_left_one(tmp_path, monkeypatch):
+    """A second `clawray bench` into the same --out reused the first one's state (sessions, replay): its
+    runs then counted the old turns as their own and timed out waiting for them to be scored (seen in
+    `make bench` on 2026-12-05). Every (condition, seed) must start on an empty folder."""
+    from core.config import load_config
+    from harness import bench
+    from tests.conftest import REPO
+
+    seen = {}
+
+    class Recording:  # the system itself is started in tests/integration/test_bench_harness.py
+        def __init__(self, cfg, condition, seed, workload):
+            seen["root"] = cfg.storage_path()
+            seen["files"] = sorted(p.name for p in seen["root"].rglob("*") if p.is_file())
+
+        def run(self, teacher=None):
+            return {"condition": "baseline", "seed": 0, "days": [], "seconds": 0.0, "adapters": []}
+
+    stale = tmp_path / "baseline-s0" / "state" / "sessions" / "sessions.db"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("an earlier bench's sessions")
+    monkeypatch.setattr(bench, "Run", Recording)
+    bench.run_one(load_config(None), REPO / "workloads" / "clawray-mini", "baseline", 0, tmp_path)
+    assert seen["root"] == tmp_path / "baseline-s0" / "state"
+    assert "sessions.db" not in seen["files"] and not stale.exists()
+    assert (tmp_path / "baseline-s0.json").is_file()
