@@ -44,13 +44,20 @@ from rich.table import Table
 
 from core.config import SkillsConfig
 from core.contracts import Skill
+from core.vectors import binary_codes, hamming, nearest
 from evolve.bank import SkillBank
 from evolve.embedding import EmbeddingCache, SentenceEmbedder, query_vector, skill_text
-from evolve.retrieval import EmbeddingRetriever, SkillSearch, TemplateRetriever
+from evolve.retrieval import (
+    PREFILTER_MIN,
+    EmbeddingRetriever,
+    SkillSearch,
+    TemplateRetriever,
+    prefilter_candidates,
+)
 from evolve.skill_md import render_skill_md
 from evolve.text import TASK_KEYWORDS
 
-from .skill_recall import encoder_recall, labelled_set
+from .skill_recall import encoder_recall, labelled_set, recall_at_k
 
 OUT = Path(__file__).resolve().parent / "out" / "retrieval.json"
 CATEGORIES = ["general", *TASK_KEYWORDS]
@@ -269,6 +276,33 @@ def fp32_agreement(encoders: dict[str, EmbeddingCache], reference: str, queries:
     return out
 
 
+def prefilter_recall(model: EmbeddingCache, n: int, real: int, k: int = 5) -> dict[str, Any]:
+    """recall@1/@k on the labelled skill queries when their 48 skills sit in a library of `n` (`real`
+    model-encoded synthetic skills, seeded random unit vectors for the rest), searched exactly and through
+    the sign-bit prefilter the retriever uses at this size (evolve/retrieval.py), and how often the two
+    top-k lists are identical. Queries take the query path (int8 when the model has it)."""
+    skills, queries, relevant = labelled_set()
+    fill = synthetic_skills(min(real, n - len(skills)))
+    docs = model.skill_matrix([*skills, *fill])
+    rng = np.random.default_rng(11)
+    noise = rng.standard_normal((n - docs.shape[0], docs.shape[1])).astype(np.float32)
+    matrix = np.concatenate([docs, noise / np.linalg.norm(noise, axis=1, keepdims=True)])
+    codes_t = np.ascontiguousarray(binary_codes(matrix).T)
+    names = [s.name for s in skills] + [f"other-{i}" for i in range(n - len(skills))]
+    exact, pre = np.zeros((len(queries), n), np.float32), np.full((len(queries), n), -np.inf, np.float32)
+    for i, q in enumerate(queries):
+        v = query_vector(model.embedder, q)
+        exact[i] = matrix @ v
+        cand = nearest(hamming(codes_t, binary_codes(v[None])[0]), prefilter_candidates(k))
+        pre[i, cand] = exact[i, cand]
+    same = np.mean([np.array_equal(a, b) for a, b in zip(np.argsort(-exact, axis=1)[:, :k],
+                                                          np.argsort(-pre, axis=1)[:, :k], strict=True)])
+    return {"skills": n, "model_encoded": docs.shape[0], "candidates": prefilter_candidates(k),
+            "exact": {f"recall_at_{j}": round(recall_at_k(exact, names, relevant, j), 3) for j in (1, k)},
+            "prefilter": {f"recall_at_{j}": round(recall_at_k(pre, names, relevant, j), 3) for j in (1, k)},
+            f"top{k}_identical": round(float(same), 3)}
+
+
 def encode_times(encoders: dict[str, EmbeddingCache], queries: list[str], block: int) -> dict[str, dict[str, float]]:
     """p50/p99 of one (uncached) query encode per encoder, the encoders taking turns in blocks of `block`
     queries so all see the same load."""
@@ -323,6 +357,8 @@ def main() -> None:
         "sizes": [bench_size(n, queries, qvecs, encoders, primary, args.encode_limit, args.block) for n in sizes],
     }
     big = max(sizes)
+    if not args.synthetic_vectors and big >= PREFILTER_MIN:
+        results["prefilter_recall"] = prefilter_recall(model, big, real=args.encode_limit)
     results["add"] = bench_add(big, model if big <= args.encode_limit else random_cache)
     results["machine"]["load_avg_1m_at_end"] = os.getloadavg()[0]
     console = Console(width=130)
@@ -346,6 +382,12 @@ def main() -> None:
                   f"{add['reload_after_one_add_s'] * 1e3:.2f} ms; open (full scan) {add['open_full_scan_s']:.2f} s; "
                   f"refresh after one add p50: template {add['template_refresh_after_one_add']['p50_ms']:.1f} ms, "
                   f"embedding {add['embedding_refresh_after_one_add']['p50_ms']:.1f} ms (model time excluded)")
+    if pr := results.get("prefilter_recall"):
+        console.print(f"sign-bit prefilter at {pr['skills']:,} skills ({pr['model_encoded']} model-encoded, "
+                      f"{pr['candidates']} candidates scored): labelled recall@1/@5 exact "
+                      f"{pr['exact']['recall_at_1']}/{pr['exact']['recall_at_5']}, prefiltered "
+                      f"{pr['prefilter']['recall_at_1']}/{pr['prefilter']['recall_at_5']}; identical top 5 "
+                      f"{pr['top5_identical']:.1%}")
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(results, indent=2))
     console.print(f"wrote {OUT}")

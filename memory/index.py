@@ -4,13 +4,14 @@ Search is exact (one (N, D) product) up to `exact_limit` rows; above it, a binar
 vector is also kept as D sign bits, the Hamming distance to the query's bits (a popcount over N x D/64
 words) picks `max(min_rescore, rescore * k)` candidates, and those are ranked by their exact cosine.
 Why: at 100k units the exact product reads 150 MB per query (~8 ms on an idle 2-core machine, 15 ms on a
-busy one), the bits read 4.8 MB (~0.6 ms), and the cut at the `m` nearest is a histogram of the distances (~0.15 ms). The bits are stored word-major, (D/64, N): one xor+popcount
-pass per word over a contiguous row is ~6x faster than summing a (N, D/64) array along its short axis.
+busy one), the bits read 4.8 MB (~0.6 ms), and the cut at the `m` nearest is a histogram of the distances
+(~0.15 ms).
 Recall against exact search is measured in benchmarks/memory_retrieval.py.
 A scope whose stored vectors were made by another encoder than the index's (`encoder_id`; memory/store.py)
 proposes nothing: its queries would be compared with vectors of another space. The writer's start
 (`adopt_encoder`) re-encodes the store when the configured encoder changes.
-The pure math (`binary_codes`, `hamming`, `nearest`, `top_k`) has no state; `ScopeVectors` and `VectorIndex` hold it.
+The pure math (`binary_codes`, `hamming`, `nearest`, `top_k`: core/vectors.py, shared with skill retrieval) has
+no state; `ScopeVectors` and `VectorIndex` hold it.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from core.vectors import binary_codes, hamming, nearest, top_k
 from memory.store import MemoryStore, ScopeChanges
 from memory.units import Kind
+
+__all__ = ["ScopeVectors", "VectorIndex", "adopt_encoder", "binary_codes", "hamming", "nearest", "top_k"]
 
 log = logging.getLogger("clawray.memory")
 KIND_CODE = {k: i for i, k in enumerate(Kind)}
@@ -43,54 +47,6 @@ def adopt_encoder(store: MemoryStore, encoder_id: str, encode: Callable[[list[st
     n = store.reencode(encoder_id, encode)
     log.info("memory vectors re-encoded with %s: %d units in %.1f s", encoder_id, n, time.perf_counter() - t0)
     return n
-
-
-def binary_codes(vecs: np.ndarray) -> np.ndarray:
-    """(N, D) float -> (N, ceil(D/64)) uint64 sign bits (bit set where the component is > 0)."""
-    n, d = vecs.shape
-    words = (d + 63) // 64
-    packed = np.zeros((n, words * 8), dtype=np.uint8)
-    packed[:, : (d + 7) // 8] = np.packbits(vecs > 0, axis=1)
-    return packed.view(np.uint64)
-
-
-def hamming(codes_t: np.ndarray, query: np.ndarray) -> np.ndarray:
-    """(W, N) uint64 codes (word-major), (W,) uint64 query -> (N,) Hamming distances, uint16 while they
-    fit (W <= 1024 words): half the bytes of uint32 to add and to partition (~0.15 ms less at 100k)."""
-    dtype = np.uint16 if codes_t.shape[0] * 64 < 2**16 else np.uint32
-    dist = np.bitwise_count(codes_t[0] ^ query[0]).astype(dtype)
-    for w in range(1, codes_t.shape[0]):
-        dist += np.bitwise_count(codes_t[w] ^ query[w])
-    return dist
-
-
-def nearest(dist: np.ndarray, m: int) -> np.ndarray:
-    """Indices of `m` smallest of the integer `dist` (Hamming distances), in index order; of equal
-    distances at the cut the lower indices are taken. A histogram of the distances gives the cut, so this
-    is two linear passes: ~0.15 ms at 100k against ~0.8 ms for `np.argpartition`'s introselect."""
-    n = dist.shape[0]
-    if m >= n:
-        return np.arange(n)
-    if m <= 0:
-        return np.zeros(0, dtype=np.int64)
-    cut = int(np.searchsorted(np.cumsum(np.bincount(dist)), m))  # the smallest d with count(dist <= d) >= m
-    below = np.flatnonzero(dist < cut)
-    return np.sort(np.concatenate([below, np.flatnonzero(dist == cut)[: m - below.size]]))
-
-
-def top_k(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the `k` highest `scores`, best first; of equal scores the lower index wins, also at the
-    cut. O(N + k log k)."""
-    n = scores.shape[0]
-    if k <= 0 or n == 0:
-        return np.zeros(0, dtype=np.int64)
-    if k < n:
-        thr = np.partition(scores, n - k)[n - k]
-        above = np.flatnonzero(scores > thr)
-        idx = np.concatenate([above, np.flatnonzero(scores == thr)[: k - above.size]])
-    else:
-        idx = np.arange(n)
-    return idx[np.lexsort((idx, -scores[idx]))]
 
 
 class ScopeVectors:
