@@ -147,7 +147,14 @@ def bench_size(n: int, queries: list[str], qvecs: np.ndarray, encoders: dict[str
     for name, c in caches.items():  # one index per vector space: torch and onnx share the primary's
         retrievers[name] = er if c is cache else EmbeddingRetriever(c)
         retrievers[name].build(skills)
-    res["embedding_with_encode"] = with_encode(retrievers, queries, encoders, block)
+    timed_encoders = dict(encoders)
+    if n >= PREFILTER_MIN:  # the baseline in the same run: the same query path on the exact scan
+        exact = EmbeddingRetriever(cache, prefilter_min=n + 1)
+        exact.build(skills)
+        retrievers[f"{primary}, exact scan"], timed_encoders[f"{primary}, exact scan"] = exact, encoders[primary]
+        timed(exact.retrieve_vector, [(v, 6, 3) for v in qvecs[:20]])
+        res["embedding_exact_scan"] = pct(timed(exact.retrieve_vector, [(v, 6, 3) for v in qvecs]))
+    res["embedding_with_encode"] = with_encode(retrievers, queries, timed_encoders, block)
     return res
 
 
@@ -382,6 +389,13 @@ def main() -> None:
                   f"{add['reload_after_one_add_s'] * 1e3:.2f} ms; open (full scan) {add['open_full_scan_s']:.2f} s; "
                   f"refresh after one add p50: template {add['template_refresh_after_one_add']['p50_ms']:.1f} ms, "
                   f"embedding {add['embedding_refresh_after_one_add']['p50_ms']:.1f} ms (model time excluded)")
+    for r in results["sizes"]:
+        if "embedding_exact_scan" in r:
+            pre, ex = r["embedding_with_encode"][primary], r["embedding_with_encode"][f"{primary}, exact scan"]
+            console.print(f"at {r['skills']:,} skills: search p50 {r['embedding']['p50_ms']:.3f} ms prefiltered, "
+                          f"{r['embedding_exact_scan']['p50_ms']:.3f} ms exact; including the {primary} encode "
+                          f"p50 {pre['p50_ms']:.2f} ms prefiltered, {ex['p50_ms']:.2f} ms exact "
+                          f"({pre['p50_ms'] / ex['p50_ms']:.2f}x)")
     if pr := results.get("prefilter_recall"):
         console.print(f"sign-bit prefilter at {pr['skills']:,} skills ({pr['model_encoded']} model-encoded, "
                       f"{pr['candidates']} candidates scored): labelled recall@1/@5 exact "
