@@ -17,7 +17,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export VLLM_CACHE_ROOT := $(CURDIR)/.cache/vllm
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: setup model instruct-model agents test test-cluster test-fast demo bench soak lint clean
+.PHONY: setup model instruct-model agents test test-cluster test-fast test-efficacy demo bench soak lint clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -56,7 +56,7 @@ agents: $(AGENTS)
 model: $(MODEL)
 
 test: setup instruct-model agents
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not soak and not cluster" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not soak and not cluster and not efficacy" $(PYTEST_ARGS)
 
 # Whole-cluster simulations (each starts Ray clusters of its own in subprocesses): kept out of `make test`
 # so that stays under 40 minutes on 2 cores; CI (.ci/run) runs both.
@@ -64,7 +64,12 @@ test-cluster: setup instruct-model
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m cluster $(PYTEST_ARGS)
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not soak and not cluster" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not soak and not cluster and not efficacy" $(PYTEST_ARGS)
+
+# Does the loop help (issue 18), the smaller version of `python -m benchmarks.efficacy`: baseline < skills < full
+# in mean accuracy over 3 seeds (~10 minutes). Kept out of CI: its margins are a few points of accuracy.
+test-efficacy: setup instruct-model
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m efficacy $(PYTEST_ARGS)
 
 demo: setup instruct-model
 	$(BIN)/python -m harness.cli demo

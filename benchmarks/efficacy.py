@@ -1,6 +1,6 @@
 """Does the loop help: `clawray bench` on the project's own workload with the instruction-following model.
 
-    python -m benchmarks.efficacy [--quick] [--seeds 3] [--conditions baseline,skills,full,batchnorm]
+    python -m benchmarks.efficacy [--quick] [--seeds 10] [--conditions baseline,skills,full,batchnorm]
 
 Every (condition, seed) runs on a fresh system (harness/bench.py): baseline (the bare model), skills (the
 fast loop), full (skills + an RL window every evening on re-sampled GRPO groups) and batchnorm (the same
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
     from harness.bench import parse_conditions, run_bench
 
-    seeds = a.seeds or (2 if a.quick else 3)
+    seeds = a.seeds or (2 if a.quick else 10)
     out = OUT / "efficacy"
     result = run_bench(WORKLOAD, parse_conditions(a.conditions), seeds, out, model=a.model,
                        rounds=4 if a.quick else None)

@@ -76,8 +76,8 @@ BENCHES = [
     Bench("window_efficiency", quick=("--samples", "16", "--steps", "1")),
     Bench("scale_model", full=("--check",), quick=()),
     # Does the loop help (issue 18): `clawray bench` on the project's workload with the instruction-following
-    # model, every condition on fresh systems (~15 minutes; `make instruct-model` first).
-    Bench("efficacy", quick=("--quick",), timeout_s=3600.0),
+    # model, every condition on fresh systems, 10 seeds (~55 minutes; `make instruct-model` first).
+    Bench("efficacy", quick=("--quick",), timeout_s=7200.0),
 ]
 
 

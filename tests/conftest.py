@@ -52,6 +52,16 @@ os.environ.setdefault("CLAWRAY_ADMIN_KEY", "test-admin-key")
 ADMIN_HEADERS = {"X-Admin-Key": os.environ["CLAWRAY_ADMIN_KEY"]}
 
 
+def run_bench_cli(out: Path, *args: str, timeout: float):
+    """`clawray bench ... --out OUT` in a child process with its own Ray cluster, as a user runs it."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_TRAIN_V2_ENABLED": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run([sys.executable, "-m", "harness.cli", "bench", "--out", str(out), *args], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def _free_port() -> int:
     import socket
 

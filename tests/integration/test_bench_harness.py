@@ -13,26 +13,19 @@ this runs on the random tiny model (the suite's default), which cannot read the 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from harness.bench import GROUP_SIZE
-from tests.conftest import REPO
+from tests.conftest import run_bench_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 
 def test_bench_runs_every_condition_on_a_fresh_system(tmp_path):
     out = tmp_path / "bench"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_TRAIN_V2_ENABLED": "1", "RAY_USAGE_STATS_ENABLED": "0"}
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "bench", "--seeds", "1", "--out", str(out),
-                           "--conditions", "baseline,skills,full,batchnorm,opd", "--teacher", "tiny-instruct",
-                           "--rounds", "6"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
+    proc = run_bench_cli(out, "--seeds", "1", "--conditions", "baseline,skills,full,batchnorm,opd", "--teacher",
+                         "tiny-instruct", "--rounds", "6", timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((out / "bench.json").read_text())
     assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
