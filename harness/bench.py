@@ -160,6 +160,11 @@ class Run:
         if self.cond.skills and morning:  # midday: the fast loop distils the morning's failures (only)
             self._settle([am], replay0, observed0)
             ray.get(self.handles[names.EVOLVER].evolve_now.remote(am))
+            # The Proxy re-reads the library at most once per `skills.refresh_s`, on a request: without this
+            # wait the afternoon's first round was served with the morning's library in some runs and the
+            # midday skills in others (0.1 of day-1 accuracy between runs of one seed, docs/bench.md).
+            # No request reaches the Proxy meanwhile, so its next one always re-reads.
+            time.sleep(self.cfg.skills.refresh_s)
         results += self._play(base_url, day, afternoon, "pm")
         self._settle([am, pm], replay0, observed0)  # the whole day stored before the evening
         trained = None

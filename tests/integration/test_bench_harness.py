@@ -16,7 +16,9 @@ import json
 
 import pytest
 
-from harness.bench import GROUP_SIZE
+from core.config import load_config
+from harness.bench import GROUP_SIZE, bench_config
+from harness.demo import session_turns
 from tests.conftest import run_bench_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
@@ -56,6 +58,17 @@ def test_bench_runs_every_condition_on_a_fresh_system(tmp_path):
 
     assert opd_kl("opd") and all(k != 0 for k in opd_kl("opd")), opd_kl("opd")
     assert all(k == 0 for k in opd_kl("full"))
+    # Every afternoon round is served with the midday skills, the first one too: it raced the Proxy's 1 s
+    # library refresh (and lost in 4 of 20 runs of the 10-seed efficacy benchmark) before the harness waited.
+    moved = 0
+    for cond in ("skills", "full", "batchnorm"):
+        cfg = bench_config(load_config(None), cond, 0, out / f"{cond}-s0" / "state", None)
+        for day in ("day01", "day02", "day03"):
+            am, pm = ([t.skill_generation for t in session_turns(cfg, [f"bench-{day}-s0-{part}"])]
+                      for part in ("am", "pm"))
+            assert len(set(pm)) == 1, (cond, day, pm)
+            moved += pm[0] > max(am)
+    assert moved >= 1  # some midday evolution made a new generation: the check above has something to see
     assert [(o["lower"], o["higher"], o["holds"]) for o in result["ordering"]] == [
         ("baseline", "skills", None), ("skills", "full", None), ("batchnorm", "full", None),
         ("full", "opd", None)]  # one seed: no verdict

@@ -57,7 +57,9 @@ async def test_gibberish_judge_gives_zero_with_votes_recorded(server):
     s = await scorer(server.base_url, votes=3).score(turn())
     assert s.reward == 0 and not s.trainable
     assert [v.score for v in s.votes] == [None, None, None]
-    assert [v.text for v in s.votes] == ["ĠĠ<|im_end|> tok tok", "", "Score: banana"]
+    # The three votes run concurrently and the fake judge hands its scripted replies out in arrival order,
+    # so which vote got which reply is up to the event loop: the texts are compared as a multiset.
+    assert sorted(v.text for v in s.votes) == sorted(["ĠĠ<|im_end|> tok tok", "", "Score: banana"])
 
 
 async def test_dead_judge_raises_retryable_error(server):
