@@ -25,7 +25,7 @@ import numpy as np
 
 from core.config import SkillsConfig
 from core.contracts import Skill
-from core.vectors import binary_codes, hamming, nearest
+from core.vectors import binary_codes, hamming, nearest, top_k
 from evolve.bank import SkillBank
 from evolve.embedding import Embedder, EmbeddingCache, SentenceEmbedder
 from evolve.scopes import split_by_scope
@@ -51,15 +51,7 @@ def top_k_indices(scores: np.ndarray, candidates: np.ndarray, k: int) -> np.ndar
 
     scores: (N,) float; candidates: (C,) int, sorted ascending. Returns (min(k, C),) int. O(C).
     """
-    if k <= 0 or candidates.size == 0:
-        return candidates[:0]
-    vals = scores[candidates]
-    if k < candidates.size:
-        thr = np.partition(vals, candidates.size - k)[candidates.size - k]
-        above = candidates[vals > thr]
-        ties = candidates[vals == thr][: k - above.size]  # lowest indices first: deterministic
-        candidates = np.concatenate([above, ties])
-    return candidates[np.lexsort((candidates, -scores[candidates]))]
+    return candidates[top_k(scores[candidates], k)]  # ascending candidates: a lower position = a lower index
 
 
 def cosine_scores(matrix: np.ndarray, query: np.ndarray) -> np.ndarray:
