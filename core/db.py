@@ -81,7 +81,8 @@ class SqliteDatabase:
                                    timeout=busy_timeout_s)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous}")  # FULL: fsync every commit (ack == durable)
-        self._db.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        self._busy_ms = int(busy_timeout_s * 1000)
+        self._db.execute(f"PRAGMA busy_timeout={self._busy_ms}")
         self._lock = threading.Lock()
 
     def describe(self) -> str:
@@ -108,6 +109,35 @@ class SqliteDatabase:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+
+    @contextmanager
+    def try_tx(self) -> Iterator[sqlite3.Connection | None]:
+        """`tx`, if it can begin without waiting: yields None at once when this connection is busy (another
+        thread's transaction) or another process holds the file's write lock. For a caller on an event loop,
+        which runs a short transaction in place when it can and otherwise hands `tx` to a thread."""
+        if not self._lock.acquire(blocking=False):
+            yield None
+            return
+        try:
+            self._db.execute("PRAGMA busy_timeout=0")  # SQLITE_BUSY at once instead of waiting up to 30 s
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                began = True
+            except sqlite3.OperationalError:  # "database is locked": another process is writing
+                began = False
+            finally:
+                self._db.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+            if not began:
+                yield None
+                return
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")  # WAL: the commit itself never waits on readers or writers
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
         with self._lock:

@@ -99,6 +99,9 @@ class ProxyImpl:
         self.headers: dict[str, str] = {}  # added to every generation reply (the replica id)
         self._stream_engine: Any = None
         self._started = False
+        # Requests of this replica waiting on the engine: a turn recorded while none is commits in place on
+        # the loop (serve/recorder.py `alone`); under load they share a commit in a thread instead.
+        self._waiting = 0
 
     def _ensure_started(self) -> None:
         if not self._started:  # needs the replica's running loop, so not in __init__
@@ -176,7 +179,8 @@ class ProxyImpl:
         self.activity.note()
         turns = turns_from_reply(reply, meta, skills, generation, tool_calls)
         if turns:  # the conversation the engine rendered: which stored turns it continues, and how
-            await self.recorder.record(turns, read_history(reply.messages, meta.params), block)
+            await self.recorder.record(turns, read_history(reply.messages, meta.params), block,
+                                       alone=self._waiting == 0)
 
     async def generate(self, request: Request, anthropic: bool) -> Any:
         """A chat completions request, or with `anthropic` an Anthropic messages request."""
@@ -194,7 +198,11 @@ class ProxyImpl:
             meta, skills, generation, block = await self._prepare(body, request, api)
             if body.get("stream"):
                 return await self._stream(body, meta, skills, generation, api, t0, block)
-            reply: Reply = await getattr(self.engine, api.name).remote(body)
+            self._waiting += 1
+            try:
+                reply: Reply = await getattr(self.engine, api.name).remote(body)
+            finally:
+                self._waiting -= 1
             await self._record(reply, meta, skills, generation, api.tool_calls(reply.body), block)
         except RequestError as e:
             return self._failed(route, t0, error(e.status, str(e)))
@@ -221,9 +229,12 @@ class ProxyImpl:
 
         async def events():
             item, held, status = first, None, 499  # 499 until the end: the client may go away first
+            self._waiting += 1  # counted from here: a generator never started has no `finally` to undo it
+            waiting = True
             try:
                 while True:
                     if isinstance(item, Reply):
+                        self._waiting, waiting = self._waiting - 1, False
                         n = len(item.capture.choices)
                         await self._record(item, meta, skills, generation, tools.result(n) if tools else [], block)
                         status = 200
@@ -243,6 +254,8 @@ class ProxyImpl:
                 log.warning("stream failed after it started: %s", type(e).__name__)
                 yield api.stream_error(status, message)
             finally:
+                if waiting:
+                    self._waiting -= 1
                 if status == 499:
                     gen.cancel()  # the client went away: stop generating
                 self._observe(route, status, t0)

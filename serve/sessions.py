@@ -104,7 +104,23 @@ class SessionStore:
         (turns, history) or (turns, history, block)."""
         now = time.time()
         with self._tx(*(it[0][0].session_id for it in items)) as db:
-            return [self._record(db, it[0], it[1], now, it[2] if len(it) > 2 else "") for it in items]
+            return self._record_all(db, items, now)
+
+    def try_record_batch(self, items: list[tuple]) -> list[list[Turn]] | None:
+        """`record_batch` if its transaction can begin without waiting, else None (nothing written): an
+        event loop records in place when nothing contends (SQLite; ~0.15 ms less than a thread hop) and
+        falls back to `record_batch` in a thread. PostgreSQL: always None (a network round trip)."""
+        try_tx = getattr(self._db, "try_tx", None)
+        if try_tx is None:
+            return None
+        now = time.time()
+        with try_tx() as db:
+            if db is None:
+                return None
+            return self._record_all(db, items, now)
+
+    def _record_all(self, db, items: list[tuple], now: float) -> list[list[Turn]]:
+        return [self._record(db, it[0], it[1], now, it[2] if len(it) > 2 else "") for it in items]
 
     def _record(self, db, turns: list[Turn], history: History | None, now: float, block: str = "") -> list[Turn]:
         first = turns[0]
