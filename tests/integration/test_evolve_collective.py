@@ -149,7 +149,9 @@ def test_the_llm_decider_on_the_real_engine_falls_back_to_the_rule_based_decisio
     # its attempts reached vLLM (a prompt longer than the tiny model's context is refused: also recorded).
     asked = [r for r in store.decisions(200) if r["job"] == report.job and r["evidence"].get("llm_error")]
     assert asked and all("the LLM decider failed" in r["summary"] for r in asked)
-    assert judge.usage.calls >= 3
+    # Three attempts at least (the seed's group): answered, or refused by vLLM when the retry's longer prompt
+    # outgrew the context (which of the two depends on how much evidence earlier tests left in the store).
+    assert judge.usage.calls >= 1 and judge.usage.calls + judge.usage.failures >= 3, judge.usage
 
 
 def _rule_follower():
