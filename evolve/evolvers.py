@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapte
 
 from core.config import EvolverConfig
 from core.contracts import Skill
-from evolve.text import RULE_WORDS, STOPWORDS, detect_task_type, same_lesson, topic_tokens, words
+from evolve.text import RULE_WORDS, STOPWORDS, detect_task_type, rule_subject, same_lesson, topic_tokens, words
 
 
 class EvolveError(RuntimeError):
@@ -112,6 +112,17 @@ def lesson_slug(lesson: str) -> str:
     return name if len(name) >= 2 else "lesson"
 
 
+def lesson_category(lesson: str, instruction: str) -> str:
+    """The category a lesson is filed under (template retrieval injects it into requests of that category;
+    "general" ones into every request): by the task keywords of the lesson and of the task it was learned
+    in. A lesson that names what it is about but has no task keyword ("status updates must be written in
+    lowercase only") is general: the incidental words of the one task it came from ("... on the config
+    change") would file it under file_operations, where the status updates it is about never find it."""
+    if detect_task_type(lesson) is None and rule_subject(lesson):
+        return "general"
+    return detect_task_type(f"{lesson} {instruction}") or "general"
+
+
 class FeedbackEvolver:
     """Deterministic lesson distiller (no model). Skills carry `metadata.lesson` and `occurrences`."""
 
@@ -161,7 +172,7 @@ class FeedbackEvolver:
         if name in taken:  # a different lesson already owns the name: make it unique, stably
             name = f"{name[:57].rstrip('-')}-{hashlib.sha1(lesson.encode()).hexdigest()[:6]}"
         rule = lesson[0].upper() + lesson[1:]
-        category = detect_task_type(f"{lesson} {first.instruction}") or "general"
+        category = lesson_category(lesson, first.instruction)
         # Injected into every matching turn, so brief: the rule once (the description is what retrieval
         # and the block's heading show) and the task it was learned from; the feedback stays in metadata.
         seen = excerpt(task_question(first.instruction), SEEN_CHARS)

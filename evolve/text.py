@@ -122,12 +122,18 @@ def same_lesson(a: str, b: str, threshold: float) -> bool:
     lowercase only" share most words but are rules about different things."""
     if jaccard(topic_tokens(a), topic_tokens(b)) < threshold:
         return False
-    sa, sb = (_MODAL_RE.split(x, maxsplit=1) for x in (a, b))
-    if len(sa) > 1 and len(sb) > 1:
-        ta, tb = topic_tokens(sa[0]), topic_tokens(sb[0])
-        if ta and tb and jaccard(ta, tb) < 0.5:
-            return False
+    ta, tb = rule_subject(a), rule_subject(b)
+    if ta and tb and jaccard(ta, tb) < 0.5:
+        return False
     return True
+
+
+def rule_subject(lesson: str) -> frozenset[str]:
+    """The topic tokens of what a rule is about: the words before its modal verb ("ticket titles" of
+    "ticket titles must be written in uppercase only"); empty when it names none ("you must ...", or no
+    modal verb at all)."""
+    head = _MODAL_RE.split(lesson, maxsplit=1)
+    return topic_tokens(head[0]) if len(head) > 1 else frozenset()
 
 
 def jaccard(a: frozenset[str] | set[str], b: frozenset[str] | set[str]) -> float:

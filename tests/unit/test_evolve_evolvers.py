@@ -246,3 +246,22 @@ def test_rules_in_the_same_words_about_different_things_are_different_lessons():
     assert [s.description for s in again] == ["Ticket titles must be written in lowercase only, no capital letters."]
     same = FeedbackEvolver().distil([status], skills)  # the same rule again: merged, not a second skill
     assert [s.name for s in same] == [next(s.name for s in skills if s.description.startswith("Status"))]
+
+
+def test_a_rule_about_a_named_subject_is_filed_by_the_subject_not_by_the_task_it_came_from():
+    """Seen in the 10-seed efficacy run (docs/bench.md, seeds 6 and 8): "status updates must be written in
+    lowercase only", learned from "... status update on the config change", was filed under file_operations
+    (by "config"), so no status update found it, while the general ticket-title rule (uppercase) reached
+    them all."""
+    from evolve.evolvers import Failure, FeedbackEvolver, lesson_category
+
+    status = Failure("Give me a one-line status update on the config change.", "X",
+                     "Status updates must be written in lowercase only, no capital letters.", -1.0, "s1", "a")
+    (skill,) = FeedbackEvolver().distil([status], [])
+    assert skill.category == "general"
+    # A lesson with a task keyword of its own, or without a subject, is still filed by the task's words too.
+    assert lesson_category("timestamps must use the +08:00 offset", "Which timestamps are right?") == "data_analysis"
+    assert lesson_category("file names must be kebab-case", "Rename the report") == "file_operations"
+    assert lesson_category("you must create a .bak backup first", "Set retries in config.json") == "file_operations"
+    assert lesson_category("Never reply with more than one line.", "Draft an email reply") == "communication"
+    assert lesson_category("Ticket titles must be written in uppercase only.", "Write a ticket title.") == "general"
