@@ -25,7 +25,15 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapte
 
 from core.config import EvolverConfig
 from core.contracts import Skill
-from evolve.text import RULE_WORDS, STOPWORDS, detect_task_type, rule_subject, same_lesson, topic_tokens, words
+from evolve.text import (
+    RULE_WORDS,
+    STOPWORDS,
+    detect_task_type,
+    rule_subject,
+    same_lesson,
+    topic_tokens,
+    words,
+)
 
 
 class EvolveError(RuntimeError):
