@@ -6,8 +6,9 @@ Three users' sessions of clawray-mini's ticket-title rounds failed, each correct
 ("Ticket titles must be written in uppercase only."), and no skill served to everyone states it. The
 collective job decides `create`; the gate replays every task greedily with nothing and with the candidate
 injected: with the rule stated the model writes the titles in capitals, so the candidate is approved and
-published as version 1 with its verdict. On the same engine and tasks, a candidate stating the opposite
-rule makes them worse and is rejected. The suite's other collective tests (test_evolve_collective.py) show
+published as version 1 with its verdict. On the same engine and tasks, a refinement stating the opposite
+rule under the published name is not approved, and the opposite rule as the evolver states it makes them
+worse and is rejected. The suite's other collective tests (test_evolve_collective.py) show
 the random tiny model's rejections and the publish reaching every user's next turn.
 """
 
@@ -25,6 +26,7 @@ from evolve.bank import SkillBank
 from evolve.collective_job import CollectiveJob
 from evolve.collective_runner import PrmGrade, ServeGenerate
 from evolve.evidence import Evidence, EvidenceStore
+from evolve.evolvers import Failure, FeedbackEvolver
 from evolve.gate import Validator
 from harness.workload import load_workload
 
@@ -92,11 +94,19 @@ def test_the_gate_on_the_instruction_following_engine_publishes_what_helps_and_r
     assert bank.version_of(name) == 1 and "uppercase" in created.body.lower()
     assert bank.history()[-1]["name"] == name
 
-    # The opposite rule, as a refinement of what was just published: worse on the same tasks, refused.
+    # The opposite rule, as a refinement of what was just published (its name still says "uppercase"): not
+    # approved. Whether the model then follows the name or the rule depends on the build (docs/bench.md: the
+    # Xeon's follows the name and scores as before), so only the refusal is asserted here.
     wrong = created.model_copy(update={
         "description": "Ticket titles must be written in lowercase only, no capital letters.",
         "body": "# Ticket titles\n\n- **Rule:** Ticket titles must be written in lowercase only, no capital letters."})
     bad = asyncio.run(Validator(gate, instruct_engine, grade).validate(wrong, created, rows))  # (a new loop)
-    print(f"gate on tiny-instruct: create {v['reason']}; opposite rule: {bad.reason}")
-    assert not bad.approved and bad.candidate_mean < bad.current_mean, bad.as_dict()
+    assert not bad.approved and bad.candidate_mean <= bad.current_mean, bad.as_dict()
+    # The opposite rule as the evolver states it (name and rule agree) in place of the published skill: the
+    # model writes the titles in lowercase, worse on every task, refused.
+    (opposite,) = FeedbackEvolver().distil([Failure(rows[0].instruction, "X", wrong.description, -1.0, "d", "e")], [])
+    worse = asyncio.run(Validator(gate, instruct_engine, grade).validate(opposite, created, rows))
+    print(f"gate on tiny-instruct: create {v['reason']}; refinement to the opposite rule: {bad.reason}; "
+          f"the opposite rule ({opposite.name}): {worse.reason}")
+    assert not worse.approved and worse.candidate_mean < worse.current_mean, worse.as_dict()
     assert bank.get(name).body == created.body and bank.version_of(name) == 1
