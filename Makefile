@@ -36,7 +36,7 @@ $(MODEL): $(STAMP) scripts/make_tiny_model.py
 
 setup: $(STAMP) $(MODEL)
 
-# The instruction-following tiny model (issue 18; once on 2 cores: ~13 minutes on an Intel Xeon with AMX, ~17 on an AMD EPYC): the demo's model (harness/demo.py
+# The instruction-following tiny model (issue 18; once on 2 cores: ~9 minutes on an Intel Xeon with AMX, ~17 on an AMD EPYC): the demo's model (harness/demo.py
 # DEMO_MODEL) and `clawray bench --model tiny-instruct`. The script's own fingerprint decides whether it retrains.
 INSTRUCT := .cache/tiny-instruct/clawray-build.json
 $(INSTRUCT): $(MODEL) scripts/make_instruct_model.py scripts/instruct_eval.py harness/corpus.py evolve/evolvers.py \
