@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from core.config_base import ENV_PREFIX, LOCAL_MODELS, REPO_ROOT, ConfigError, Section, custom_resources  # noqa: F401
+from core.config_base import REPO_ROOT, ConfigError, Section, custom_resources  # noqa: F401
 from core.config_learning import (  # noqa: F401
     CollectiveConfig,
     EvolverConfig,
@@ -32,6 +32,7 @@ from core.config_learning import (  # noqa: F401
     TrainConfig,
 )
 from core.config_serving import (  # noqa: F401
+    LOCAL_MODELS,
     ContextConfig,
     EngineConfig,
     LLMEndpoint,
@@ -41,6 +42,8 @@ from core.config_serving import (  # noqa: F401
 )
 from core.config_state import MemoryConfig, RayConfig, StateConfig  # noqa: F401
 from core.storage import remote_scheme
+
+ENV_PREFIX = "CLAWRAY__"
 
 
 def sleep_problem(engine: EngineConfig, train: TrainConfig) -> str | None:

@@ -1,4 +1,5 @@
-"""The base of the config schema (core/config.py): the section model, its error, and shared values."""
+"""The base of the config schema (core/config.py): the section model, its error, the repo root and the
+custom-resources check the sections share."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-ENV_PREFIX = "CLAWRAY__"
-LOCAL_MODELS = {"tiny": "tiny-chat", "tiny-instruct": "tiny-instruct"}  # model.path names -> folders of the cache
 
 
 class ConfigError(ValueError):

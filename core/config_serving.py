@@ -8,7 +8,9 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from core.config_base import LOCAL_MODELS, Section, custom_resources
+from core.config_base import Section, custom_resources
+
+LOCAL_MODELS = {"tiny": "tiny-chat", "tiny-instruct": "tiny-instruct"}  # model.path names -> folders of the cache
 
 
 class LLMEndpoint(Section):
