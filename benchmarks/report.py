@@ -115,6 +115,15 @@ def retrieval(data: dict[str, Any]) -> Section:
         body += (f" Adding one skill to {add['skills']:,}: p50 {n1:.2f} ms (name check), "
                  f"{add['add_one_embedding_dedup']['p50_ms']:.2f} ms (+ embedding near-duplicate check).")
     big = max(data["sizes"], key=lambda s: s["skills"])
+    if bl := data.get("encode_by_length"):
+        lengths = list(bl["lengths"])
+        body += "\n\nThe query encode by query length (tokens, specials included), p50 ms:\n\n" + table(
+            ["encoder", *lengths], [[name, *[by[n]["p50_ms"] for n in lengths]] for name, by in bl["by_encoder"].items()])
+        qt, syn, lab = data["query_tokens"], big["embedding_with_encode"], big.get("embedding_with_encode_labelled", {})
+        body += (f"\n\nAt {big['skills']:,} skills including the encode, p50 ms: synthetic queries "
+                 f"({qt['synthetic_mean']:.1f} tokens on average) / labelled English ones ({qt['labelled_mean']:.1f}): "
+                 + ", ".join(f"{name} {syn[name]['p50_ms']:.2f} / {lab[name]['p50_ms']:.2f}"
+                             for name in syn if name in lab) + ".")
     heads.append(f"skill retrieval at {big['skills']:,} skills: p50 {big['template']['p50_ms']:.2f} ms "
                  f"(template), {big['embedding']['p50_ms']:.2f} ms (embedding, + {qe['p50_ms']:.1f} ms to "
                  "encode the query)")

@@ -23,7 +23,9 @@ larger sizes can be read off); above it the skill matrix holds seeded random uni
 shape, which cost exactly the same to score (a 10,000-skill encode takes minutes on 2 busy cores and
 measures the model, not retrieval). The add-one-skill timing uses a SkillBank on a temporary folder holding the largest size,
 with name-only and with embedding near-duplicate checks (model time for the new skill excluded, reported
-as `encode_one_skill`). Prints a table, writes benchmarks/out/retrieval.json.
+as `encode_one_skill`). The query encode also by query length (8-128 tokens, benchmarks/encode_length.py),
+and the search including the encode for the labelled English queries beside the synthetic ones (~14
+tokens against ~23 on average). Prints a table, writes benchmarks/out/retrieval.json.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from evolve.retrieval import (
 from evolve.skill_md import render_skill_md
 from evolve.text import TASK_KEYWORDS
 
+from .encode_length import encode_by_length, token_counts
 from .skill_recall import encoder_recall, labelled_set, recall_at_k
 
 OUT = Path(__file__).resolve().parent / "out" / "retrieval.json"
@@ -121,7 +124,10 @@ def timed(fn, args_list) -> list[float]:
 
 
 def bench_size(n: int, queries: list[str], qvecs: np.ndarray, encoders: dict[str, EmbeddingCache],
-               primary: str, encode_limit: int, block: int = 20) -> dict[str, Any]:
+               primary: str, encode_limit: int, block: int = 20,
+               labelled: list[str] | None = None) -> dict[str, Any]:
+    """One library size. `labelled`: English queries (the labelled skill queries) also timed through the
+    encode + search, beside the synthetic ones (whose pseudo-words make them ~60% more tokens)."""
     skills = synthetic_skills(n)
     caches = skill_caches(encoders, primary, n <= encode_limit)
     cache = caches[primary]
@@ -155,6 +161,8 @@ def bench_size(n: int, queries: list[str], qvecs: np.ndarray, encoders: dict[str
         timed(exact.retrieve_vector, [(v, 6, 3) for v in qvecs[:20]])
         res["embedding_exact_scan"] = pct(timed(exact.retrieve_vector, [(v, 6, 3) for v in qvecs]))
     res["embedding_with_encode"] = with_encode(retrievers, queries, timed_encoders, block)
+    if labelled:
+        res["embedding_with_encode_labelled"] = with_encode(retrievers, labelled, timed_encoders, block)
     return res
 
 
@@ -346,6 +354,7 @@ def main() -> None:
     queries = synthetic_queries(args.queries)
     qvecs = model.embedder.encode(queries)  # also warms the model up
     enc = encode_times(encoders, queries[:60], args.block)
+    labelled = labelled_set()[1]
     one = synthetic_skills(30, seed=5, prefix="one")
     enc_skill = timed(lambda s: model.skill_matrix([s]), [(s,) for s in one])
     results: dict[str, Any] = {
@@ -361,8 +370,14 @@ def main() -> None:
                            else fp32_agreement(encoders, "onnx", queries)),
         "encode_one_skill": pct(enc_skill[5:]),
         "block": args.block,
-        "sizes": [bench_size(n, queries, qvecs, encoders, primary, args.encode_limit, args.block) for n in sizes],
+        "sizes": [bench_size(n, queries, qvecs, encoders, primary, args.encode_limit, args.block,
+                             labelled=None if args.synthetic_vectors else labelled) for n in sizes],
     }
+    if not args.synthetic_vectors:
+        counts = token_counts(queries)
+        results["query_tokens"] = {"synthetic_mean": sum(counts) / len(counts),
+                                   "labelled_mean": sum(token_counts(labelled)) / len(labelled)}
+        results["encode_by_length"] = encode_by_length(encoders, labelled, block=args.block)
     big = max(sizes)
     if not args.synthetic_vectors and big >= PREFILTER_MIN:
         results["prefilter_recall"] = prefilter_recall(model, big, real=args.encode_limit)
@@ -396,6 +411,16 @@ def main() -> None:
                           f"{r['embedding_exact_scan']['p50_ms']:.3f} ms exact; including the {primary} encode "
                           f"p50 {pre['p50_ms']:.2f} ms prefiltered, {ex['p50_ms']:.2f} ms exact "
                           f"({pre['p50_ms'] / ex['p50_ms']:.2f}x)")
+    if bl := results.get("encode_by_length"):
+        qt = results["query_tokens"]
+        console.print(f"query tokens: synthetic {qt['synthetic_mean']:.1f}, labelled {qt['labelled_mean']:.1f} on "
+                      "average; the encode p50 (ms) by query length in tokens: " + "; ".join(
+                          f"{name} " + ", ".join(f"{n}: {v['p50_ms']:.2f}" for n, v in by.items())
+                          for name, by in bl["by_encoder"].items()))
+    for r in results["sizes"]:
+        if lab := r.get("embedding_with_encode_labelled"):
+            console.print(f"at {r['skills']:,} skills, the labelled (English) queries including the encode, "
+                          "p50: " + ", ".join(f"{name} {v['p50_ms']:.2f} ms" for name, v in lab.items()))
     if pr := results.get("prefilter_recall"):
         console.print(f"sign-bit prefilter at {pr['skills']:,} skills ({pr['model_encoded']} model-encoded, "
                       f"{pr['candidates']} candidates scored): labelled recall@1/@5 exact "

@@ -128,6 +128,9 @@ def _stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
             continue
 
 
+CARRIED = "*Not re-run by this invocation"
+
+
 def carried_over(previous: str, rerun: set[str]) -> str:
     """The sections of benchmarks that `previous` (an earlier RESULTS.md) holds and this run did not redo,
     each marked with the run it came from, so `--only` refreshes some sections without dropping others."""
@@ -137,8 +140,12 @@ def carried_over(previous: str, rerun: set[str]) -> str:
     for chunk in previous.split("\n## ")[1:]:
         name, _, body = chunk.partition("\n")
         if name in known and name not in rerun:
-            out += ["", f"## {name}", "", f"*Not re-run by this invocation; from the previous file ({header[:120]})*",
-                    body.strip("\n")]
+            lines = body.strip("\n").splitlines()
+            notes = [line for line in lines if line.startswith(CARRIED)]
+            # Carried over before: the oldest note names the run that measured it (older files stacked one
+            # note per later run); otherwise the previous file's own run did.
+            note = notes[-1] if notes else f"{CARRIED}; from the previous file ({header[:120]})*"
+            out += ["", f"## {name}", "", note, "\n".join(line for line in lines if not line.startswith(CARRIED))]
     return "\n".join(out) + ("\n" if out else "")
 
 
