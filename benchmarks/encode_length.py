@@ -7,10 +7,9 @@ counts of the model's tokenizer, special tokens included, each text new (no quer
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from evolve.embedding import DEFAULT_MODEL, EmbeddingCache, query_vector, resolve_model_path
+from evolve.embedding import DEFAULT_MODEL, EmbeddingCache, resolve_model_path
 
 LENGTHS = (8, 16, 32, 64, 128)
 
@@ -51,7 +50,7 @@ def encode_by_length(encoders: dict[str, EmbeddingCache], pool: list[str], lengt
                      block: int = 20) -> dict[str, Any]:
     """Per encoder and length: p50/p99 of one uncached query encode; encoders take turns in blocks of
     `block` texts. Also the texts' measured token counts (the cut is exact up to a word piece)."""
-    from .retrieval import pct  # one percentile helper for every table of the benchmark
+    from .retrieval import encode_times  # the retrieval benchmark's blocked timing of uncached encodes
 
     tok = tokenizer()
     out: dict[str, Any] = {"lengths": {}, "by_encoder": {name: {} for name in encoders}}
@@ -59,13 +58,6 @@ def encode_by_length(encoders: dict[str, EmbeddingCache], pool: list[str], lengt
         texts = texts_of_length(n, count, pool, tok)
         counts = token_counts(texts, tok)
         out["lengths"][str(n)] = {"mean_tokens": sum(counts) / len(counts), "min": min(counts), "max": max(counts)}
-        took: dict[str, list[float]] = {name: [] for name in encoders}
-        for start in range(0, len(texts), block):
-            for name, enc in encoders.items():
-                for text in texts[start:start + block]:
-                    t0 = time.perf_counter()
-                    query_vector(enc.embedder, text)
-                    took[name].append(time.perf_counter() - t0)
-        for name, ts in took.items():
-            out["by_encoder"][name][str(n)] = pct(ts)
+        for name, p in encode_times(encoders, texts, block).items():
+            out["by_encoder"][name][str(n)] = p
     return out
