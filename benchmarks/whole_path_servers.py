@@ -151,6 +151,7 @@ def serve_clawray(port: int, upstream: str, ingress: str) -> None:
     import ray
     from ray import serve
 
+    from cluster.runtime import local_system_config
     from cluster.serve_app import build_app, ingress_env
     from core import names
     from core.config import UpstreamEndpoint, load_config
@@ -168,6 +169,7 @@ def serve_clawray(port: int, upstream: str, ingress: str) -> None:
     _seed_skills(storage / "skills")
     ray.init(address="local", num_cpus=cfg.ray.num_cpus, include_dashboard=cfg.ray.include_dashboard,
              namespace=cfg.ray.namespace, log_to_driver=False, configure_logging=False,
+             _system_config=local_system_config(cfg.ray.prestart_workers),  # as `clawray start` starts its cluster
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -65,10 +65,12 @@ def start_head(cfg: ClawrayConfig, env: dict[str, str], timeout_s: float = 90) -
            "--disable-usage-stats", f"--include-dashboard={str(cfg.ray.include_dashboard).lower()}"]
     if cfg.ray.num_cpus:
         cmd.append(f"--num-cpus={cfg.ray.num_cpus}")
-    from cluster.runtime import local_custom_resources
+    from cluster.runtime import local_custom_resources, local_system_config
 
     if resources := local_custom_resources(cfg):  # the one node must offer what engine and trainer ask for
         cmd.append(f"--resources={json.dumps(resources)}")
+    if system := local_system_config(cfg.ray.prestart_workers):
+        cmd.append(f"--system-config={json.dumps(system)}")
     log = _pointer(cfg).with_name("ray_head.log")
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:

@@ -36,6 +36,13 @@ def local_custom_resources(cfg: ClawrayConfig) -> dict[str, float]:
     return out
 
 
+def local_system_config(prestart_workers: bool) -> dict[str, bool]:
+    """Ray's system settings for a cluster clawray starts itself (`ray.init` below, `ray start` in
+    cluster/head.py; `ray.prestart_workers`): without prestarting, no idle workers are started ahead,
+    neither for the first driver nor when tasks queue."""
+    return {} if prestart_workers else {"prestart_worker_first_driver": False, "enable_worker_prestart": False}
+
+
 def start_ray(cfg: ClawrayConfig):
     """Join `ray.address` or start a local cluster; this driver's namespace is `ray.namespace`."""
     import ray
@@ -55,6 +62,7 @@ def start_ray(cfg: ClawrayConfig):
             resources=local_custom_resources(cfg) if cfg.ray.address is None else None,
             namespace=cfg.ray.namespace,
             include_dashboard=cfg.ray.include_dashboard,
+            _system_config=local_system_config(cfg.ray.prestart_workers) if cfg.ray.address is None else None,
             log_to_driver=False,
             configure_logging=False,
         )

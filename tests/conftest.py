@@ -26,6 +26,7 @@ def ray_cluster():
     import ray
 
     if not ray.is_initialized():
+        from cluster.runtime import local_system_config
         from tests.servers import S3_ENV
 
         for k, v in S3_ENV.items():  # dummy keys: Ray workers reach the tests' S3 server (moto) with them
@@ -37,6 +38,7 @@ def ray_cluster():
             include_dashboard=False,
             log_to_driver=False,
             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
+            _system_config=local_system_config(False),  # as the clusters clawray starts (ray.prestart_workers)
         )
     yield ray
     try:
