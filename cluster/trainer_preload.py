@@ -7,12 +7,13 @@ Both were costs of the first window only (benchmarks/window_efficiency.py, cold)
 meanwhile waits for the same import (Python's per-module import lock) and finds the same actor (Ray's
 accessor is get-or-create).
 
-And the run's control actor (train/control.py, ~1 s: a worker process of its own), which the first window
-alone used to start. A Controller restarted after a crash may find, at its start, the control actor of its
-killed incarnation by name while that actor is still dying with its owner (seen in
-test_controller_windows.py): `get_control` checks a found or cached handle with a call and replaces a
-dead one (tests/integration/test_train_control.py), and every run asks `get_control` again when it starts,
-so a handle preloaded from a dying actor is replaced then.
+Not the run's control actor (train/control.py): a Controller restarted after a crash would find, at its
+start, the control actor of its killed incarnation by name while that actor is still dying with its owner
+(seen in test_controller_windows.py). `get_control` now replaces such an actor (tests/integration/
+test_train_control.py), but only after it has died; the run creates its control actor when it starts.
+Preloading it was tried again (2026-12-05, ~0.7 s of the cold window) and reverted: in
+test_reliability.py's kill -9 sequence a manual run started right after the Controller's restart found the
+actor live, then had it die under its first call ("could not start: ActorDiedError ... TrainControl").
 """
 
 from __future__ import annotations
@@ -26,19 +27,14 @@ import ray
 log = logging.getLogger("clawray.controller")
 
 
-def preload_trainer(run_name: str | None = None, namespace: str | None = None) -> None:
-    """Import the training job's modules, then (with Ray up) start Ray's autoscaling coordinator and, given
-    `run_name` and `namespace`, the run's control actor. Never raises: what fails here fails again in the
-    run, where it is reported."""
+def preload_trainer() -> None:
+    """Import the training job's modules, then (with Ray up) start Ray's autoscaling coordinator. Never
+    raises: what fails here fails again in the run, where it is reported."""
     t0 = time.perf_counter()
     try:
         importlib.import_module("train.job")
         if ray.is_initialized():  # not in unit tests that build the actor without Ray
             _autoscaling_coordinator()
-            if run_name is not None and namespace is not None:
-                from train.control import get_control
-
-                get_control(run_name, namespace)
     except Exception:  # noqa: BLE001 - the run that needs them raises the same error where it is reported
         log.exception("preloading the trainer failed")
         return

@@ -61,19 +61,3 @@ def test_get_control_keeps_a_live_actor():
     b = get_control(run, "clawray")
     assert ray.get(b.should_stop.remote())
     assert b is a  # the cached handle, checked alive, not a second actor
-
-
-def test_the_controllers_preload_starts_the_control_actor_its_first_run_uses():
-    """The Controller preloads the run's control actor (cluster/trainer_preload.py) so that its first window
-    does not start that worker process; the run's own `get_control` then finds the same actor."""
-    from cluster.trainer_preload import preload_trainer
-    from core.names import control_name
-
-    run = f"ctl-{uuid.uuid4().hex[:8]}"
-    with pytest.raises(ValueError):
-        ray.get_actor(control_name(run), namespace="clawray")
-    preload_trainer(run, "clawray")
-    preloaded = ray.get_actor(control_name(run), namespace="clawray")
-    handle = get_control(run, "clawray")
-    assert handle._actor_id == preloaded._actor_id
-    assert ray.get(handle.status.remote())["state"] == "idle"
