@@ -102,7 +102,7 @@ class RayConfig(Section):
     namespace: str = Field(default=DEFAULT_NAMESPACE, min_length=1)
     num_cpus: int | None = None  # logical CPUs for a local cluster (may exceed cores)
     include_dashboard: bool = False
-    # Ray prestarts idle Python workers on a cluster it starts (two here, ~46 MB PSS each) so that tasks
+    # Ray prestarts idle Python workers on a cluster it starts (two here, ~41 MB PSS each in the embedded default) so that tasks
     # need no process start. clawray's planes are actors, each in a process of its own, so on one machine
     # those workers sit idle. Off: a cluster clawray starts (local, or `clawray start`'s head) prestarts
     # none; a cluster it joins (`address`) keeps its own settings. docs/serving.md, memory.

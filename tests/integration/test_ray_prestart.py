@@ -16,9 +16,7 @@ import sys
 
 import pytest
 
-from cluster.head import start_head
-from cluster.runtime import local_system_config
-from core.config import REPO_ROOT, load_config
+from core.config import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -67,24 +65,3 @@ def test_a_cluster_clawray_starts_prestarts_no_idle_workers_unless_configured(tm
     off = _idle_workers(False, max(3.0, 2 * on["seen_after_s"]), tmp_path / "off")
     assert off["idle"] == 0, off
 
-
-def test_the_head_clawray_starts_gets_the_same_system_settings(monkeypatch, tmp_path):
-    cfg = load_config(REPO_ROOT / "configs" / "local.yaml", env={})
-    cfg = cfg.model_copy(update={"storage_root": str(tmp_path)})
-    seen: list[list[str]] = []
-
-    class Stop(Exception):
-        pass
-
-    def popen(cmd, **_kwargs):
-        seen.append(cmd)
-        raise Stop
-
-    import cluster.head as head
-
-    monkeypatch.setattr(head.subprocess, "Popen", popen)
-    monkeypatch.setattr(head, "_port_open", lambda _port: False)
-    with pytest.raises(Stop):
-        start_head(cfg, {})
-    assert f"--system-config={json.dumps(local_system_config(False))}" in seen[0]
-    assert local_system_config(True) == {}
