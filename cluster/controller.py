@@ -153,7 +153,8 @@ class ControllerActor:
         except RuntimeError:
             pass
         if self.cfg.scheduler.mode != "skills_only":
-            threading.Thread(target=preload_trainer, name="preload-trainer", daemon=True).start()
+            threading.Thread(target=preload_trainer, args=(RUN_NAME, self.cfg.ray.namespace),
+                             name="preload-trainer", daemon=True).start()
 
     # ---- persistence ------------------------------------------------------------------------------
 

@@ -4,16 +4,17 @@ What the first run would otherwise start: the training job's modules (`train.job
 GRPO loop; ~2-3 s on 2 cores, imported inside the Controller's `_start` on the actor's event loop, so every
 other call to the Controller stalled meanwhile) and Ray's cluster-wide autoscaling coordinator (~1.7 s).
 Both were costs of the first window only (benchmarks/window_efficiency.py, cold). A window opening
-meanwhile waits for the same import (Python's per-module import lock) and finds the same actor (Ray's
-accessor is get-or-create).
+meanwhile waits for the same import (Python's per-module import lock) and finds the same actors (Ray's
+accessors are get-or-create).
 
-Not the run's control actor (train/control.py): a Controller restarted after a crash would find, at its
-start, the control actor of its killed incarnation by name while that actor is still dying with its owner
-(seen in test_controller_windows.py). `get_control` now replaces such an actor (tests/integration/
-test_train_control.py), but only after it has died; the run creates its control actor when it starts.
-Preloading it was tried again (2026-12-05, ~0.7 s of the cold window) and reverted: in
-test_reliability.py's kill -9 sequence a manual run started right after the Controller's restart found the
-actor live, then had it die under its first call ("could not start: ActorDiedError ... TrainControl").
+And the run's control actor (train/control.py, ~0.7 s of the cold window: a worker process of its own),
+but only where no actor holds its name. A Controller restarted after a crash (or started while its killed
+predecessor's actors are being ended) may find the control actor of its killed incarnation by name while
+that actor is still dying with its owner: alive when asked, dead under its next call. Preloading it
+unconditionally was tried and reverted (test_reliability.py's kill -9 sequence: a manual run right after
+the Controller's restart had it die under its first call). With the name free, the actor created here is
+owned by this Controller and nothing of a previous incarnation can be picked up; with the name taken, the
+preload leaves it to the run, which asks `get_control` as before.
 """
 
 from __future__ import annotations
@@ -27,14 +28,17 @@ import ray
 log = logging.getLogger("clawray.controller")
 
 
-def preload_trainer() -> None:
-    """Import the training job's modules, then (with Ray up) start Ray's autoscaling coordinator. Never
-    raises: what fails here fails again in the run, where it is reported."""
+def preload_trainer(run_name: str | None = None, namespace: str | None = None) -> None:
+    """Import the training job's modules, then (with Ray up) start Ray's autoscaling coordinator and,
+    given `run_name` and `namespace`, the run's control actor where no actor holds its name. Never raises:
+    what fails here fails again in the run, where it is reported."""
     t0 = time.perf_counter()
     try:
         importlib.import_module("train.job")
         if ray.is_initialized():  # not in unit tests that build the actor without Ray
             _autoscaling_coordinator()
+            if run_name is not None and namespace is not None:
+                _control_actor(run_name, namespace)
     except Exception:  # noqa: BLE001 - the run that needs them raises the same error where it is reported
         log.exception("preloading the trainer failed")
         return
@@ -52,3 +56,19 @@ def _autoscaling_coordinator() -> None:
     except ImportError:
         return
     ray.get(get_or_create_autoscaling_coordinator().__ray_ready__.remote())
+
+
+def _control_actor(run_name: str, namespace: str) -> bool:
+    """Create the run's control actor through `get_control` (which caches its handle for the run), unless
+    an actor already holds its name: one of a previous incarnation may be dying with its owner. Returns
+    whether it was created here."""
+    from core.names import control_name
+    from train.control import get_control
+
+    try:
+        ray.get_actor(control_name(run_name), namespace=namespace)
+    except ValueError:  # no such actor (a dead one's name is free again)
+        get_control(run_name, namespace)
+        return True
+    log.info("the control actor of run %r exists already; the run will ask for it", run_name)
+    return False

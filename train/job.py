@@ -127,20 +127,38 @@ def build_trainer(cfg: TrainConfig, *, model_path: str, storage: StorageLayout, 
 
 
 def trainer_class() -> type:
-    """Ray Train's `TorchTrainer`, less Ray Data's callback when a run has no datasets (the GRPO loop
-    leases its batches from the Replay actor and never has any).
+    """Ray Train's `TorchTrainer` with two of its default callbacks adjusted for runs that start and end
+    every window (Ray Train has no option for either; the override keeps Ray's list of default callbacks
+    otherwise as it is):
 
-    Why: that callback starts a `DatasetManager` actor in every run whether or not there are datasets: one
-    more process spawned per window, which imports Ray Data while the training worker starts on the same
-    cores (benchmarks/window_efficiency.py). Without it the workers' train context has no dataset shard
-    provider, which only `ray.train.get_dataset_shard` reads. Ray Train has no option for it; the override
-    keeps Ray's list of default callbacks otherwise as it is."""
+    - less Ray Data's callback when a run has no datasets (the GRPO loop leases its batches from the
+      Replay actor and never has any). That callback starts a `DatasetManager` actor in every run whether
+      or not there are datasets: one more process spawned per window, which imports Ray Data while the
+      training worker starts on the same cores (benchmarks/window_efficiency.py). Without it the workers'
+      train context has no dataset shard provider, which only `ray.train.get_dataset_shard` reads.
+    - the placement-group cleaner told to stop without waiting for it (`NoWaitCleanerCallback`)."""
     from ray.train.torch import TorchTrainer
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+    class NoWaitCleanerCallback(PlacementGroupCleanerCallback):
+        """Ray's placement-group cleaner (a detached actor per run that removes the run's placement group
+        if the Train controller dies without doing so), told to stop at a graceful shutdown without the
+        controller waiting for it. Ray's callback waits for the cleaner's monitor thread, which notices
+        the stop only after its current poll of up to 1 s (`check_interval_s`): on average ~0.5 s of every
+        window's tail. Not waiting loses nothing: the controller has removed the placement group itself by
+        then, and a cleaner that has not stopped yet sees the controller gone, finds the group removed and
+        exits. An abort still waits, as Ray's does."""
+
+        async def before_controller_shutdown(self) -> None:
+            cleaner, self._cleaner = self._cleaner, None
+            if cleaner is not None:
+                cleaner.stop.remote()
 
     class GRPOTrainer(TorchTrainer):
         def _create_default_callbacks(self) -> list:
-            callbacks = super()._create_default_callbacks()
+            callbacks = [NoWaitCleanerCallback() if type(c) is PlacementGroupCleanerCallback else c
+                         for c in super()._create_default_callbacks()]
             if self.datasets:
                 return callbacks
             return [c for c in callbacks if not isinstance(c, DatasetsCallback)]

@@ -61,3 +61,37 @@ def test_get_control_keeps_a_live_actor():
     b = get_control(run, "clawray")
     assert ray.get(b.should_stop.remote())
     assert b is a  # the cached handle, checked alive, not a second actor
+
+
+def test_the_controllers_preload_starts_the_control_actor_its_first_run_uses():
+    """The Controller preloads the run's control actor (cluster/trainer_preload.py) where its name is free,
+    so that its first window does not start that worker process; the run's own `get_control` then finds the
+    same actor."""
+    from cluster.trainer_preload import preload_trainer
+    from core.names import control_name
+
+    run = f"ctl-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(ValueError):
+        ray.get_actor(control_name(run), namespace="clawray")
+    preload_trainer(run, "clawray")
+    preloaded = ray.get_actor(control_name(run), namespace="clawray")
+    handle = get_control(run, "clawray")
+    assert handle._actor_id == preloaded._actor_id
+    assert ray.get(handle.status.remote())["state"] == "idle"
+
+
+def test_the_preload_leaves_a_control_actor_of_another_owner_alone():
+    """Where an actor holds the name (a killed Controller incarnation's, possibly dying with its owner), the
+    preload neither takes nor caches it: the run asks `get_control` itself when it starts. Unconditional,
+    the preload cached that actor, and a run right after a Controller's restart lost it under its first call
+    (test_reliability.py's kill -9 sequence)."""
+    from cluster.trainer_preload import _control_actor
+    from train import control
+
+    run = f"ctl-{uuid.uuid4().hex[:8]}"
+    owner = _Owner.remote()
+    assert ray.get(owner.make.remote(run)) == "running"
+    cached = dict(control._HANDLES)
+    assert _control_actor(run, "clawray") is False
+    assert control._HANDLES == cached  # nothing of the other owner's cached here
+    ray.kill(owner, no_restart=True)

@@ -3,9 +3,8 @@
 Without it the first window's `_start` imported Ray Train, torch and the GRPO loop on the actor's event loop:
 ~3 s of the first window only (benchmarks/window_efficiency.py, the cold run), with every other call to
 the Controller stalled meanwhile. With Ray up it also starts Ray's autoscaling coordinator (exercised by
-every integration test that trains through the Controller). Not the run's control actor: a restarted
-Controller took its killed incarnation's dying one (cluster/trainer_preload.py; test_controller_windows.py
-failed on it).
+every integration test that trains through the Controller) and the run's control actor where its name is
+free (tests/integration/test_train_control.py).
 """
 
 from __future__ import annotations
@@ -26,15 +25,16 @@ async def test_the_controller_preloads_the_trainer_unless_it_never_trains(system
     calls: list[str] = []
     ran = threading.Event()
 
-    def preload() -> None:
-        calls.append(threading.current_thread().name)
+    def preload(*args) -> None:
+        calls.append((threading.current_thread().name, *args))
         ran.set()
 
     monkeypatch.setattr(controller_mod, "preload_trainer", preload)
     await make("skills_only")
     await make("rl", root="other")
     assert ran.wait(10)
-    assert calls == ["preload-trainer"]  # once, for the Controller that trains, on its own thread
+    # once, for the Controller that trains, on its own thread, with its run's name and namespace
+    assert calls == [("preload-trainer", controller_mod.RUN_NAME, "clawray")]
 
 
 def test_preload_trainer_imports_the_training_job():
