@@ -7,15 +7,8 @@
 - `skills_only`: never train. In `rl` and `skills_only` an OMLS window is declined (OMLS is told the
   window's training ended), so it never waits on a run that will not come.
 
-Level-triggered: on every tick (every `scheduler.poll_s`; the first tick of a restarted Controller too)
-the Controller reads OMLS's state and compares it with its own run (is the run's thread alive?), and
-does the one thing that makes them agree (`reconcile`): start the window's run, tell OMLS a start or an
-end it missed, or stop a run whose window has closed. OMLS's actions are edge-triggered hints and only
-logged. So a lost acknowledgement (the Controller killed between saving its state and telling OMLS, OMLS
-restarting), a run that crashed or failed to start, and a window that opened while a manual or `rl` run
-was going all end in a state from which the next window opens; OMLS never says UPDATING or PAUSING
-while nothing trains. A window that opens during a manual run waits for it, then gets a run of its own;
-closing a window stops only the window's run.
+Level-triggered: on every tick (every `scheduler.poll_s`; a restarted Controller's first tick too) it does
+the one thing that makes OMLS's state and its own run agree (cluster/reconcile.py, which says why).
 
 One trainer at a time: every start takes the run lock (train/run_lock.py, through `TrainJob.start`;
 the storage root's, or with `state.dsn` the state database's), shared with `python -m train.job` in
@@ -49,6 +42,7 @@ from typing import Any
 import ray
 
 from cluster import gpu_share
+from cluster.reconcile import ACK_STARTED, ACK_STOPPED, START, STOP, reconcile
 from cluster.trainer_preload import preload_trainer
 from core import names
 from core.config import ClawrayConfig, StateConfig
@@ -72,39 +66,6 @@ def training_bundles(cfg: ClawrayConfig) -> list[dict[str, float]]:
     """One resource bundle per (max) training worker: what the autoscaler is asked for, exactly what each
     Ray Train worker asks for (`train.worker_bundle`), so the nodes it adds can take the workers."""
     return [cfg.train.worker_bundle() for _ in range(cfg.train.max_workers())]
-
-
-# What `reconcile` asks for.
-START = "start"  # start (or resume) the window's run, then tell OMLS training_started
-ACK_STARTED = "ack_started"  # tell OMLS training_started: the window's run runs, OMLS missed it
-ACK_STOPPED = "ack_stopped"  # tell OMLS training_stopped: no window run (ended, lost, failed, declined)
-STOP = "stop"  # stop the window's run at its next step boundary: its window has closed
-
-
-def reconcile(mode: str, omls_state: str, run: str | None, resume: bool) -> str | None:
-    """The one action that brings OMLS's state and the Controller's own run into agreement (None: they
-    agree). Pure; called on every tick, so every answer must be safe to repeat.
-
-    Args:
-        mode: `scheduler.mode`.
-        omls_state: OMLS's `state` (idle_wait, window_open, updating, pausing).
-        run: the reason of the Controller's run going now ("window", "manual", "rl"), or None.
-        resume: a window run died with the previous Controller process and is not resumed yet.
-    """
-    window = run == "window"
-    if omls_state == "window_open":
-        if mode != "auto":
-            return ACK_STOPPED  # this mode does not train in windows: decline it
-        if window:
-            return ACK_STARTED
-        return START if run is None else None  # after a manual run the window gets a run of its own
-    if omls_state == "updating":
-        if window:
-            return None
-        return START if run is None and resume and mode == "auto" else ACK_STOPPED
-    if omls_state == "pausing":
-        return STOP if window else ACK_STOPPED
-    return STOP if window else None  # idle_wait: a window run without a window (its ack raced a close)
 
 
 class ControllerActor:

@@ -390,7 +390,7 @@ async def test_every_run_is_recorded_even_when_a_manual_start_comes_before_the_r
     ("auto", "idle_wait", None, False, None),
 ])
 def test_reconcile_table(mode, omls, run, resume, action):
-    from cluster.controller import reconcile
+    from cluster.reconcile import reconcile
 
     assert reconcile(mode, omls, run, resume) == action
 
