@@ -10,6 +10,7 @@ the configured namespace (`ray.namespace`).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -77,6 +78,12 @@ class TrainControl:
 
 
 _HANDLES: dict[str, Any] = {}
+# One lookup at a time in a process. Why: two threads of one process (the Controller's preload,
+# cluster/trainer_preload.py, and a window's start) could both miss the cache; the second then got the
+# first one's new actor by name, and Ray's handles got by name are weak (they do not keep an actor alive).
+# Cached over the creator's handle, that let Ray end the actor under the run's next call ("all references
+# to the actor were removed"), in a window resumed right after a Controller's restart.
+_LOCK = threading.Lock()
 REPLACE_TIMEOUT_S = 60.0  # how long a dead control actor may keep its name before get_control gives up
 
 
@@ -92,6 +99,11 @@ def get_control(run_name: str, namespace: str = DEFAULT_NAMESPACE, timeout_s: fl
     this runs once per training window).
     """
     key = f"{ray.get_runtime_context().get_job_id()}/{namespace}/{run_name}"  # handles die with their session
+    with _LOCK:
+        return _get_control(key, run_name, namespace, timeout_s)
+
+
+def _get_control(key: str, run_name: str, namespace: str, timeout_s: float):
     deadline = time.monotonic() + timeout_s
     while True:
         handle = _HANDLES.get(key)

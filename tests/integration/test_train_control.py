@@ -95,3 +95,48 @@ def test_the_preload_leaves_a_control_actor_of_another_owner_alone():
     assert _control_actor(run, "clawray") is False
     assert control._HANDLES == cached  # nothing of the other owner's cached here
     ray.kill(owner, no_restart=True)
+
+
+def test_two_threads_asking_at_once_cache_the_handle_that_keeps_the_actor_alive(monkeypatch):
+    """The Controller's preload thread and a window's start may ask for the same new control actor at once
+    (a window resumed right after a Controller's restart). The interleaving that lost the actor, forced by a
+    hook: B misses the cache, A creates the actor and caches its handle, then B asks Ray by name and gets
+    a weak handle (handles got by name do not keep an actor alive) and cached it over A's, so the actor was
+    ended under the run's next call ("all references to the actor were removed"). With get_control
+    serialised, B waits for A (its hook times out: A cannot finish while B holds the lock) and either
+    way the cache keeps the creator's handle."""
+    import threading
+
+    from train import control
+
+    run = f"ctl-{uuid.uuid4().hex[:8]}"
+    real, a_done, b_in = control.TrainControl, threading.Event(), threading.Event()
+
+    class Hooked:
+        @staticmethod
+        def options(**kw):
+            if threading.current_thread().name == "B":
+                b_in.set()
+                a_done.wait(5)  # B has missed the cache: let A create and cache first
+            return real.options(**kw)
+
+    monkeypatch.setattr(control, "TrainControl", Hooked)
+    got: dict[str, object] = {}
+
+    def ask(name: str) -> None:
+        got[name] = control.get_control(run, "clawray")
+        if name == "A":
+            a_done.set()
+
+    b = threading.Thread(target=ask, args=("B",), name="B")
+    b.start()
+    assert b_in.wait(30)
+    a = threading.Thread(target=ask, args=("A",), name="A")
+    a.start()
+    a.join(60)
+    b.join(60)
+    assert got["A"]._actor_id == got["B"]._actor_id
+    got.clear()  # as the preload does: only the cache holds a handle now
+    key = f"{ray.get_runtime_context().get_job_id()}/clawray/{run}"
+    assert control._HANDLES[key]._ray_original_handle  # the creator's: it keeps the actor alive
+    assert ray.get(control._HANDLES[key].status.remote(), timeout=30)["state"] == "idle"
