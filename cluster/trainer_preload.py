@@ -10,11 +10,13 @@ accessors are get-or-create).
 And the run's control actor (train/control.py, ~0.7 s of the cold window: a worker process of its own),
 but only where no actor holds its name. A Controller restarted after a crash (or started while its killed
 predecessor's actors are being ended) may find the control actor of its killed incarnation by name while
-that actor is still dying with its owner: alive when asked, dead under its next call. Preloading it
-unconditionally was tried and reverted (test_reliability.py's kill -9 sequence: a manual run right after
-the Controller's restart had it die under its first call). With the name free, the actor created here is
-owned by this Controller and nothing of a previous incarnation can be picked up; with the name taken, the
-preload leaves it to the run, which asks `get_control` as before.
+that actor is still dying with its owner: alive when asked, dead under its next call. With the name free,
+the actor created here is owned by this Controller and nothing of a previous incarnation can be picked up;
+with the name taken, the preload leaves it to the run, which asks `get_control` as before. An
+unconditional preload was tried and reverted (test_reliability.py's kill -9 sequence: a manual run right
+after the Controller's restart had the actor die under its first call). That run may also have met the
+race found later, with the same error: this thread and the run asking `get_control` at once, the run
+caching a weak by-name handle over the creator's (now serialised, train/control.py `_LOCK`).
 """
 
 from __future__ import annotations
