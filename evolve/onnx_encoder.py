@@ -29,6 +29,7 @@ import numpy as np
 FORMAT = 1  # bump when the exported graph or the sidecar changes: old files are then ignored
 PARITY_MIN = 0.9999
 OPSET = 17
+SENTENCE_OUTPUT = "sentence_embedding"  # a graph with this output pools and normalises itself, one text per run
 PROBES = [  # short and long, padded in one batch, odd whitespace, unicode, the empty string
     "hi", "", "  leading and trailing spaces  ", "Which text editor do I use on the kalomi project?",
     "The user's timezone is Europe/Paris.", "Ünïcödé ✓ 日本語 🎉 naïve café", "tabs\tand\nnewlines",
@@ -85,7 +86,9 @@ class OnnxEncoder:
         self._tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self._tok.enable_truncation(int(meta["max_seq_length"]))
         self._tok.enable_padding(pad_id=int(meta["pad_id"]), pad_token=str(meta["pad_token"]))
-        self._inputs = list(meta["inputs"])
+        # The graph's own inputs (a subset of the tokenizer's: the int8 query graph takes input_ids only).
+        self._inputs = [i.name for i in self._session.get_inputs()]
+        self._pooled = self._session.get_outputs()[0].name == SENTENCE_OUTPUT  # evolve/int8_graph.py QueryGraph
         self.dim = int(meta["dim"])
 
     def token_ids(self, texts: list[str]) -> list[list[int]]:
@@ -94,6 +97,8 @@ class OnnxEncoder:
 
     def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         """(N, dim) float32 unit rows; batches of similar length (as sentence-transformers) pad little."""
+        if self._pooled:
+            return np.stack([self.encode_one(t) for t in texts]) if texts else np.zeros((0, self.dim), np.float32)
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         order = np.argsort([-len(t) for t in texts], kind="stable")
         for i in range(0, len(texts), batch_size):
@@ -105,6 +110,8 @@ class OnnxEncoder:
         """(dim,) float32 unit vector of one text: `encode([text])[0]` without the batching (no padding,
         so the mask is all ones and pooling is a plain mean); ~0.1 ms less per query."""
         enc = self._tok.encode(text)
+        if self._pooled:
+            return self._session.run(None, {"input_ids": np.asarray([enc.ids], dtype=np.int64)})[0][0]
         cols = {"input_ids": enc.ids, "attention_mask": enc.attention_mask, "token_type_ids": enc.type_ids}
         hidden = self._session.run(None, {n: np.asarray([cols[n]], dtype=np.int64) for n in self._inputs})[0]
         pooled = hidden[0].mean(axis=0, dtype=np.float32)

@@ -50,6 +50,42 @@ def test_int8_query_vectors_agree_with_fp32_minilm_and_are_deterministic(int8, f
     assert np.array_equal(again, got[:50])
 
 
+def test_minilm_gets_the_one_query_graph_and_other_encoders_their_own_forward_quantised(cache_dir, int8, fp32,
+                                                                                        tmp_path, monkeypatch):
+    """MiniLM (plain BERT) is built as QueryGraph: input_ids only, the unit vector out. A model it refuses
+    is exported through its own forward (the token embeddings, pooled in numpy) and passes the same check."""
+    from evolve import int8_graph
+
+    assert int8._query._pooled and int8._query._inputs == ["input_ids"]
+    (tmp_path / "onnx").mkdir()
+    for p in (cache_dir / "onnx").iterdir():  # the fp32 graph and sidecar only
+        if p.suffix in (".onnx", ".json") and "int8" not in p.name:
+            (tmp_path / "onnx" / p.name).symlink_to(p)
+
+    def refused(_st):
+        raise Int8Unavailable("not a plain BERT encoder")
+
+    monkeypatch.setattr(int8_graph, "QueryGraph", refused)
+    other = SentenceEmbedder(backend="onnx", cache_dir=tmp_path)
+    assert other.query_backend == "onnx-int8" and not other._query._pooled
+    texts = varied_texts(n=40, seed=5)
+    cos = (np.stack([other.encode_query(t) for t in texts]) * fp32.encode(texts)).sum(axis=1)
+    assert float(cos.min()) >= 0.97
+
+
+@pytest.mark.parametrize("change", [{"model_type": "roberta"}, {"hidden_act": "gelu_new"},
+                                    {"position_embedding_type": "relative_key"}, {"is_decoder": True}])
+def test_the_query_graph_refuses_what_it_does_not_compute(change):
+    from types import SimpleNamespace
+
+    from evolve.int8_graph import QueryGraph
+
+    cfg = {"model_type": "bert", "hidden_act": "gelu", "position_embedding_type": "absolute", "is_decoder": False}
+    st = [SimpleNamespace(auto_model=SimpleNamespace(config=SimpleNamespace(**{**cfg, **change})))]
+    with pytest.raises(Int8Unavailable, match="not a plain BERT"):
+        QueryGraph(st)
+
+
 def test_documents_stay_fp32_and_the_fp32_query_path_equals_encode(int8, fp32):
     texts = ["The user's editor is vim.", "which text editor do I use?", ""]
     assert np.array_equal(int8.encode(texts), fp32.encode(texts))  # documents never take the int8 graph
