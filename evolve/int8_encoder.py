@@ -12,7 +12,7 @@ best: mean cosine to fp32 0.995 against 0.992 without, worst 0.988 against 0.970
 table is stored int8 per row too (47 -> 12 MB; a gather, not a product, so no faster, only smaller).
 
 For a plain BERT model (MiniLM) the graph takes one query per run and returns its unit vector
-(evolve/int8_graph.py `QueryGraph`: Q, K and V as one product, no mask or shape bookkeeping; 147 nodes
+(evolve/int8_graph.py `QueryGraph`: Q, K and V as one product, no mask or shape bookkeeping; 129 nodes
 instead of 275, ~0.25 ms less per query); other encoders get their own forward, quantised.
 
 Only queries take this path. Stored vectors (skills, memory units) stay the fp32 model's, and a quantised
