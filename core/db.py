@@ -68,7 +68,8 @@ def redact_dsn(dsn: str) -> str:
 
 # ------------------------------------------------------------------------------------------------ sqlite
 class SqliteDatabase:
-    """One SQLite file in WAL mode; one connection behind a lock (thread-safe)."""
+    """One SQLite file in WAL mode; one connection behind a lock (thread-safe), and `try_tx`'s second one
+    under the same lock."""
 
     dialect = "sqlite"
     skip_locked = ""
@@ -83,6 +84,8 @@ class SqliteDatabase:
         self._db.execute(f"PRAGMA synchronous={synchronous}")  # FULL: fsync every commit (ack == durable)
         self._busy_ms = int(busy_timeout_s * 1000)
         self._db.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+        self._synchronous = synchronous
+        self._nowait: sqlite3.Connection | None = None  # try_tx's own connection (busy_timeout 0), on first use
         self._lock = threading.Lock()
 
     def describe(self) -> str:
@@ -119,29 +122,33 @@ class SqliteDatabase:
             yield None
             return
         try:
-            self._db.execute("PRAGMA busy_timeout=0")  # SQLITE_BUSY at once instead of waiting up to 30 s
+            # A second connection whose busy timeout is 0 (SQLITE_BUSY at once instead of waiting up to 30 s),
+            # used only under the same lock as `_db`: switching one connection's timeout around each attempt
+            # cost two PRAGMA statements (~26 us) per in-place commit.
+            db = self._nowait
+            if db is None:
+                db = self._nowait = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
+                                                    timeout=0)
+                db.execute(f"PRAGMA synchronous={self._synchronous}")
             try:
-                self._db.execute("BEGIN IMMEDIATE")
-                began = True
+                db.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError:  # "database is locked": another process is writing
-                began = False
-            finally:
-                self._db.execute(f"PRAGMA busy_timeout={self._busy_ms}")
-            if not began:
                 yield None
                 return
             try:
-                yield self._db
+                yield db
             except BaseException:
-                self._db.execute("ROLLBACK")
+                db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")  # WAL: the commit itself never waits on readers or writers
+            db.execute("COMMIT")  # WAL: the commit itself never waits on readers or writers
         finally:
             self._lock.release()
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+            if self._nowait is not None:
+                self._nowait.close()
 
 
 # -------------------------------------------------------------------------------------------- postgresql
