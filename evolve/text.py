@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from functools import lru_cache
 
 _WORD_RE = re.compile(r"[a-z0-9]+")
 
@@ -74,6 +75,7 @@ TASK_KEYWORDS: dict[str, tuple[str, ...]] = {
 GENERAL_CATEGORIES = ("general", "common_mistakes")
 
 
+@lru_cache(maxsize=1 << 16)  # a request's query is tokenized on the hot path; its words repeat across requests
 def stem(word: str) -> str:
     """A crude suffix stripper: enough to match "modifying"/"modifies"/"modify", "creates"/"created"."""
     w = word
@@ -154,10 +156,11 @@ def _compile_keywords() -> dict[str, tuple[frozenset[str], tuple[str, ...]]]:
 _KEYWORDS = _compile_keywords()
 
 
-def task_type_scores(text: str) -> dict[str, int]:
-    """Keyword hits per task type for `text` (types with no hit are omitted)."""
+def task_type_scores(text: str, tokens: Iterable[str] | None = None) -> dict[str, int]:
+    """Keyword hits per task type for `text` (types with no hit are omitted). `tokens`: `tokenize(text)`,
+    when the caller has it already."""
     lowered = text.lower()
-    toks = set(tokenize(text))
+    toks = set(tokenize(text) if tokens is None else tokens)
     scores = {}
     for cat, (singles, phrases) in _KEYWORDS.items():
         hits = len(toks & singles) + sum(1 for p in phrases if p in lowered)
@@ -166,13 +169,15 @@ def task_type_scores(text: str) -> dict[str, int]:
     return scores
 
 
-def detect_task_type(text: str, available: Iterable[str] | None = None) -> str | None:
+def detect_task_type(text: str, available: Iterable[str] | None = None,
+                     tokens: Iterable[str] | None = None) -> str | None:
     """The task type with most keyword hits among `available` (all types if None); None if no hit.
 
-    Ties go to the type listed first in TASK_KEYWORDS, so the result is deterministic.
+    Ties go to the type listed first in TASK_KEYWORDS, so the result is deterministic. `tokens`:
+    `tokenize(text)`, when the caller has it already.
     """
     allowed = None if available is None else set(available)
-    scores = task_type_scores(text)
+    scores = task_type_scores(text, tokens)
     best, best_hits = None, 0
     for cat in TASK_KEYWORDS:
         hits = scores.get(cat, 0)
