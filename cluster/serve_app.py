@@ -76,18 +76,67 @@ def haproxy_env(private: Path) -> dict[str, str]:
     }
 
 
+HAPROXY_DIR_PREFIX = "cr-ha-"
+STALE_HAPROXY_DIR_S = 300.0
+
+
+def _answers(sock: Path) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        try:
+            s.connect(str(sock))
+        except OSError:
+            return False
+    return True
+
+
+def sweep_stale_haproxy_dirs(parent: Path, min_age_s: float = STALE_HAPROXY_DIR_S) -> list[Path]:
+    """Remove the private HAProxy folders (`ingress_env`) of clusters that are gone: this user's, nothing in
+    them changed for `min_age_s` (a HAProxy that Serve restarts writes new logs there) and no HAProxy
+    answers on their admin sockets. A cluster's folder outlives it (the head stops without knowing it);
+    each start sweeps what earlier ones left. Returns the folders removed."""
+    import shutil
+    import time
+
+    removed = []
+    for d in parent.glob(HAPROXY_DIR_PREFIX + "*"):
+        try:
+            if not d.is_dir() or d.is_symlink() or d.stat().st_uid != os.getuid():
+                continue
+            inside = list(d.rglob("*"))
+            newest = max([d.stat().st_mtime, *(p.lstat().st_mtime for p in inside)])
+            if time.time() - newest < min_age_s or any(_answers(p) for p in inside if p.name.endswith("admin.sock")):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
+
+
 def ingress_env(cfg: ClawrayConfig) -> dict[str, str]:
     """What the cluster's processes need in their env for `proxy.http_ingress` (before Ray starts: the
     head's or the local cluster's; Serve reads it when its controller and proxies start). `haproxy` gets
-    a private folder of its own under the temp dir (short: HAProxy's unix sockets live in it)."""
+    a private folder of its own under the temp dir (short: HAProxy's unix sockets live in it); the folders of
+    clusters that are gone are swept first (`sweep_stale_haproxy_dirs`)."""
     if cfg.proxy.http_ingress != "haproxy":
         return {}
     import shutil
     import tempfile
 
     # HAProxy refuses socket paths over 97 bytes, and Serve puts them in <folder>/<56-hex node id>/.
-    private = Path(tempfile.mkdtemp(prefix="cr-ha-", dir="/tmp" if Path("/tmp").is_dir() else None))
+    parent = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())
+    sweep_stale_haproxy_dirs(parent)
+    private = Path(tempfile.mkdtemp(prefix=HAPROXY_DIR_PREFIX, dir=parent))
     env = haproxy_env(private)
+    # Tunables an operator's own env overrides: Serve's request metrics (`proxy.haproxy_serve_metrics`), and
+    # HAProxy's threads no more than the host's cores (Ray's default is 4; measured on 2 cores,
+    # benchmarks/whole_path.py: 2 threads were no slower at c=64 and faster at c=1).
+    tunables = {"RAY_SERVE_HAPROXY_METRICS_ENABLED": "1" if cfg.proxy.haproxy_serve_metrics else "0",
+                "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, min(4, os.cpu_count() or 1)))}
+    env.update({k: v for k, v in tunables.items() if k not in os.environ})
     if len(env["RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH"]) + 1 + 56 > HAPROXY_MAX_SOCKET_PATH:
         shutil.rmtree(private, ignore_errors=True)
         raise ConfigError(f"proxy.http_ingress haproxy: the temp folder {private} is too long for HAProxy's "

@@ -169,3 +169,70 @@ def test_the_haproxy_ingress_key_keeps_haproxys_files_private_and_its_ports_free
                 s.bind(("127.0.0.1", int(env[f"RAY_SERVE_HAPROXY_{name}"])))
     finally:
         os.rmdir(private)
+
+
+def test_haproxys_request_metrics_are_off_and_its_threads_fit_the_host_unless_the_env_says_otherwise(monkeypatch):
+    import os
+    import shutil
+    from pathlib import Path
+
+    from cluster.serve_app import ingress_env
+
+    monkeypatch.delenv("RAY_SERVE_HAPROXY_METRICS_ENABLED", raising=False)
+    monkeypatch.delenv("RAY_SERVE_HAPROXY_NBTHREAD", raising=False)
+    made = []
+    try:
+        env = ingress_env(_cfg(PROXY__HTTP_INGRESS="haproxy"))
+        made.append(env)
+        assert env["RAY_SERVE_HAPROXY_METRICS_ENABLED"] == "0"
+        assert env["RAY_SERVE_HAPROXY_NBTHREAD"] == str(min(4, os.cpu_count() or 1))
+        on = ingress_env(_cfg(PROXY__HTTP_INGRESS="haproxy", PROXY__HAPROXY_SERVE_METRICS="true"))
+        made.append(on)
+        assert on["RAY_SERVE_HAPROXY_METRICS_ENABLED"] == "1"
+        monkeypatch.setenv("RAY_SERVE_HAPROXY_METRICS_ENABLED", "1")  # the operator's own setting stays
+        monkeypatch.setenv("RAY_SERVE_HAPROXY_NBTHREAD", "8")
+        mine = ingress_env(_cfg(PROXY__HTTP_INGRESS="haproxy"))
+        made.append(mine)
+        assert "RAY_SERVE_HAPROXY_METRICS_ENABLED" not in mine and "RAY_SERVE_HAPROXY_NBTHREAD" not in mine
+    finally:
+        for e in made:
+            shutil.rmtree(Path(e["RAY_SERVE_HAPROXY_SOCKET_PATH"]).parent, ignore_errors=True)
+
+
+def test_starting_sweeps_the_haproxy_folders_of_clusters_that_are_gone():
+    import os
+    import shutil
+    import socket
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from cluster.serve_app import sweep_stale_haproxy_dirs
+
+    def folder(name: str, age_s: float, listening: bool = False):
+        node = tmp_path / name / "node"  # Serve's is the 56-hex node id (a unix socket path has ~100 bytes)
+        node.mkdir(parents=True)
+        (node / "haproxy.cfg").write_text("global\n")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(node / "admin.sock"))
+        if listening:
+            sock.listen(1)
+        else:
+            sock.close()  # the file stays, as a dead HAProxy leaves it
+        old = time.time() - age_s
+        for p in (node / "haproxy.cfg", node / "admin.sock", node, node.parent):
+            os.utime(p, (old, old), follow_symlinks=False)
+        return sock
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="sw-", dir="/tmp"))
+    folder("cr-ha-gone", 3600)
+    folder("cr-ha-starting", 5)  # a cluster being set up right now: its HAProxy may not run yet
+    live = folder("cr-ha-live", 3600, listening=True)
+    folder("someone-else", 3600)
+    try:
+        removed = sweep_stale_haproxy_dirs(tmp_path)
+        assert [p.name for p in removed] == ["cr-ha-gone"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["cr-ha-live", "cr-ha-starting", "someone-else"]
+    finally:
+        live.close()
+        shutil.rmtree(tmp_path)
