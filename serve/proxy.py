@@ -37,6 +37,7 @@ from serve.apis import CHAT, MESSAGES, RESPONSES, Api
 from serve.budget import OUTPUT_FIELDS, requested_output_tokens
 from serve.context_manager import ContextManager
 from serve.history import read_history
+from serve.hot_routes import HotRoutes, register
 from serve.http import (
     anthropic_error,
     client_fingerprint,
@@ -58,6 +59,9 @@ from serve.validate import check_messages
 
 log = logging.getLogger("clawray.proxy")
 app = FastAPI(title="clawray proxy", version="0.1.0")
+# The generation routes skip FastAPI's router (serve/hot_routes.py); they are also declared below as usual.
+app.add_middleware(HotRoutes, routes={"/v1/chat/completions": "http_chat_completions",
+                                      "/v1/messages": "http_messages", "/v1/responses": "http_responses"})
 TERMINAL = ("data: [DONE]", "event: message_stop", "event: response.completed")
 # Ray Serve request-path settings for Proxy replicas (measured in benchmarks/proxy_overhead.py): run the
 # FastAPI app and the handle router on the replica's own event loop instead of two extra threads, and
@@ -286,6 +290,7 @@ class Proxy(ProxyImpl):
         if self.memory is not None:
             self.memory.enable_metrics()
         self.headers = {"X-Clawray-Replica": serve.get_replica_context().replica_id.unique_id}
+        register(self)
 
     @app.post("/v1/chat/completions")
     async def http_chat_completions(self, request: Request):
