@@ -60,8 +60,9 @@ from serve.validate import check_messages
 log = logging.getLogger("clawray.proxy")
 app = FastAPI(title="clawray proxy", version="0.1.0")
 # The generation routes skip FastAPI's router (serve/hot_routes.py); they are also declared below as usual.
-app.add_middleware(HotRoutes, routes={"/v1/chat/completions": "http_chat_completions",
-                                      "/v1/messages": "http_messages", "/v1/responses": "http_responses"})
+CHAT_PATH, MESSAGES_PATH, RESPONSES_PATH = "/v1/chat/completions", "/v1/messages", "/v1/responses"
+app.add_middleware(HotRoutes, routes={CHAT_PATH: "http_chat_completions", MESSAGES_PATH: "http_messages",
+                                      RESPONSES_PATH: "http_responses"})
 TERMINAL = ("data: [DONE]", "event: message_stop", "event: response.completed")
 # Ray Serve request-path settings for Proxy replicas (measured in benchmarks/proxy_overhead.py): run the
 # FastAPI app and the handle router on the replica's own event loop instead of two extra threads, and
@@ -292,15 +293,15 @@ class Proxy(ProxyImpl):
         self.headers = {"X-Clawray-Replica": serve.get_replica_context().replica_id.unique_id}
         register(self)
 
-    @app.post("/v1/chat/completions")
+    @app.post(CHAT_PATH)
     async def http_chat_completions(self, request: Request):
         return await self.generate(request, anthropic=False)
 
-    @app.post("/v1/messages")
+    @app.post(MESSAGES_PATH)
     async def http_messages(self, request: Request):
         return await self.generate(request, anthropic=True)
 
-    @app.post("/v1/responses")
+    @app.post(RESPONSES_PATH)
     async def http_responses(self, request: Request):
         return await self.handle(request, RESPONSES)
 

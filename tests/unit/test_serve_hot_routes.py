@@ -70,3 +70,15 @@ def test_an_unexpected_error_gets_the_apps_500(client):
 def test_route_path_drops_serves_root_path():
     assert route_path({"path": "/app/v1/chat", "root_path": "/app"}) == "/v1/chat"
     assert route_path({"path": "/v1/chat", "root_path": ""}) == "/v1/chat"
+
+
+def test_the_proxys_hot_routes_are_its_declared_post_routes():
+    """The middleware's table and the FastAPI declarations name the same path and handler: a renamed
+    handler or path would otherwise send requests to a method that is not that route's."""
+    from fastapi.routing import APIRoute
+
+    from serve.proxy import app
+
+    (hot,) = [m.kwargs["routes"] for m in app.user_middleware if m.cls is HotRoutes]
+    declared = {r.path: r.name for r in app.routes if isinstance(r, APIRoute) and "POST" in r.methods}
+    assert hot and all(declared.get(path) == name for path, name in hot.items())
