@@ -132,8 +132,8 @@ def ingress_env(cfg: ClawrayConfig) -> dict[str, str]:
     private = Path(tempfile.mkdtemp(prefix=HAPROXY_DIR_PREFIX, dir=parent))
     env = haproxy_env(private)
     # Tunables an operator's own env overrides: Serve's request metrics (`proxy.haproxy_serve_metrics`), and
-    # HAProxy's threads no more than the host's cores (Ray's default is 4; measured on 2 cores,
-    # benchmarks/whole_path.py: 2 threads were no slower at c=64 and faster at c=1).
+    # HAProxy's threads no more than the host's cores (Ray's default is 4, which on 2 cores only contend;
+    # measured at c=1 only, A/B on 2 cores: 2 threads no slower, within that machine's run-to-run noise).
     tunables = {"RAY_SERVE_HAPROXY_METRICS_ENABLED": "1" if cfg.proxy.haproxy_serve_metrics else "0",
                 "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, min(4, os.cpu_count() or 1)))}
     env.update({k: v for k, v in tunables.items() if k not in os.environ})

@@ -236,3 +236,31 @@ def test_starting_sweeps_the_haproxy_folders_of_clusters_that_are_gone():
     finally:
         live.close()
         shutil.rmtree(tmp_path)
+
+
+def test_each_haproxy_start_removes_the_folder_an_earlier_cluster_left_behind(monkeypatch):
+    """The defect: every HAProxy start made /tmp/cr-ha-* and nothing ever removed it (27 had piled up)."""
+    import os
+    import shutil
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from cluster.serve_app import HAPROXY_DIR_PREFIX, ingress_env
+
+    monkeypatch.delenv("RAY_SERVE_HAPROXY_METRICS_ENABLED", raising=False)
+    left = Path(tempfile.mkdtemp(prefix=HAPROXY_DIR_PREFIX, dir="/tmp"))  # a cluster that stopped an hour ago
+    node = left / "node"
+    node.mkdir()
+    (node / "haproxy.cfg").write_text("global\n")
+    old = time.time() - 3600
+    for p in (node / "haproxy.cfg", node, left):
+        os.utime(p, (old, old))
+    env = {}
+    try:
+        env = ingress_env(_cfg(PROXY__HTTP_INGRESS="haproxy"))
+        assert not left.exists()
+    finally:
+        shutil.rmtree(left, ignore_errors=True)
+        if env:
+            shutil.rmtree(Path(env["RAY_SERVE_HAPROXY_SOCKET_PATH"]).parent, ignore_errors=True)
