@@ -135,11 +135,13 @@ class Dispatcher:
 
     def __init__(self, store: SessionStore, sink: TurnSink, idle_s: float, interval_s: float = 0.5,
                  batch: int = 64, lease_s: float = 15.0, retry_s: float = 5.0,
-                 retention_s: float = 86400.0, prune_every_s: float = 60.0, max_failures: int = 5):
+                 retention_s: float = 86400.0, prune_every_s: float = 60.0, max_failures: int = 5,
+                 checkpoint_every_s: float = 0.25):
         self.store, self.sink = store, sink
         self.idle_s, self.interval_s, self.batch = idle_s, interval_s, batch
         self.lease_s, self.retry_s, self.max_failures = lease_s, retry_s, max_failures
         self.retention_s, self.prune_every_s = retention_s, prune_every_s
+        self.checkpoint_every_s = checkpoint_every_s
         self._next_flush = self._next_prune = 0.0  # housekeeping is time-gated, not run per batch
         self.dispatched = 0
         self.failures = 0
@@ -150,10 +152,22 @@ class Dispatcher:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._run()), loop.create_task(self._heartbeat())]
+        # The store's WAL checkpoints run here, in a thread, instead of inside the commit of whichever request
+        # crosses SQLite's threshold (that request's reply waited 2-8 ms: benchmarks/whole_path.py p99).
+        if self.store.defer_checkpoints():
+            self._tasks.append(loop.create_task(self._checkpoints()))
 
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
+
+    async def _checkpoints(self) -> None:
+        while True:
+            await asyncio.sleep(self.checkpoint_every_s)
+            try:
+                await asyncio.to_thread(self.store.checkpoint)
+            except Exception:  # noqa: BLE001 - commits checkpoint themselves past the backstop meanwhile
+                log.exception("session store checkpoint failed")
 
     async def _heartbeat(self) -> None:
         while True:

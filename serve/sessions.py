@@ -88,6 +88,22 @@ class SessionStore:
     def close(self) -> None:
         self._db.close()
 
+    def defer_checkpoints(self) -> bool:
+        """SQLite: commits stop checkpointing the WAL (up to a backstop); the caller runs `checkpoint`
+        periodically, off its request path (serve/outbox.py `Dispatcher`). False where there is nothing to
+        defer (PostgreSQL)."""
+        defer = getattr(self._db, "defer_checkpoints", None)
+        if defer is None:
+            return False
+        defer()
+        return True
+
+    def checkpoint(self) -> None:
+        """Copy the WAL's committed pages into the SQLite file without blocking anyone (a no-op elsewhere)."""
+        run = getattr(self._db, "checkpoint", None)
+        if run is not None:
+            run()
+
     def _tx(self, *locks: str):
         return self._db.tx(*locks)
 
