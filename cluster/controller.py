@@ -36,18 +36,18 @@ import asyncio
 import logging
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import ray
 
 from cluster import gpu_share
+from cluster.controller_state import LEGACY_FILE, STATE_KEY
 from cluster.reconcile import ACK_STARTED, ACK_STOPPED, START, STOP, reconcile
 from cluster.trainer_preload import preload_trainer
 from core import names
-from core.config import ClawrayConfig, StateConfig
-from core.kv import CONTROL_FILE, Conflict, adopt_json, control_store
-from core.storage import StorageLayout, read_json
+from core.config import ClawrayConfig
+from core.kv import Conflict, adopt_json, control_store
+from core.storage import StorageLayout
 
 log = logging.getLogger("clawray.controller")
 HISTORY_MAX = 500
@@ -55,11 +55,9 @@ SERVING_PROBE_S = 10.0  # how long the engine may take to answer the start-up pr
 ENGINE_SLEEP_S = 300.0  # how long the engine may take to sleep (in-flight requests finish first) or wake
 RUN_NAME = "grpo"  # the Ray Train run of every Controller run: the same name resumes its checkpoint
 WORKERS_GONE_S = 60.0  # how long a wake waits for an ended run's Ray Train workers to be gone
-STATE_KEY = "controller"  # in the control store
 # Runs that re-sample GRPO groups first (`train.rollouts`): a window's (serving idle by definition) and a
 # manual one (the operator's call); an `rl` run trains while users work, so it takes what they were served.
 ROLLOUT_RUNS = ("window", "manual")
-LEGACY_FILE = "controller.json"  # under control/: where releases before the control store kept the state
 
 
 def training_bundles(cfg: ClawrayConfig) -> list[dict[str, float]]:
@@ -492,20 +490,3 @@ def start_controller(cfg: ClawrayConfig, *, detached: bool = False, poll_s: floa
     ).remote(cfg.model_dump(mode="json"), poll_s, serving_app)
     ray.get(handle.ready.remote())
     return handle
-
-
-def read_controller_state(storage_root: Path, state: StateConfig | dict | None = None) -> dict[str, Any]:
-    """The Controller's persisted state (runs, history, current) for readers such as `cluster.report`:
-    the control store's, else an older release's `control/controller.json` (read, not adopted: only the
-    Controller moves it). An embedded store that does not exist yet is not created."""
-    cfg = StateConfig.model_validate(state) if isinstance(state, dict) else state
-    control = StorageLayout(Path(storage_root)).control
-    if (cfg is not None and cfg.dsn) or (control / CONTROL_FILE).exists():
-        store = control_store(storage_root, cfg)
-        try:
-            got = store.get(STATE_KEY)
-        finally:
-            store.close()
-        if got is not None:
-            return got[1]
-    return read_json(control / LEGACY_FILE, {}) or {}

@@ -76,7 +76,7 @@ def load_generations(layout: StorageLayout) -> list[tuple[float, int]]:
 
 def load_windows(layout: StorageLayout,
                  state: StateConfig | dict | None = None) -> list[tuple[float, float | None, dict]]:
-    from cluster.controller import read_controller_state
+    from cluster.controller_state import read_controller_state
 
     hist = read_controller_state(layout.root, state).get("history", [])
     spans, start = [], None

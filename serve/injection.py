@@ -7,7 +7,7 @@ generation is picked up without a restart: `refresh()` re-reads the library at m
 recorded on the turn come from one snapshot of the library (`SkillSearch.lookup`).
 
 With an object-storage root (`blob_root`) the library is the newest snapshot in the bucket
-(evolve/mirror.py `SnapshotReader`), not a local folder: a background task started with the replica
+(evolve/snapshot_reader.py `SnapshotReader`), not a local folder: a background task started with the replica
 polls it every `skills.refresh_s` (one LIST) and swaps a whole new `SkillSearch` in when a new version is
 published, so requests never wait for the bucket and never see half a library.
 """
@@ -84,7 +84,7 @@ class SkillInjector:
         if not cfg.enabled:
             return None
         if blob_root is not None:
-            from evolve.mirror import SnapshotReader
+            from evolve.snapshot_reader import SnapshotReader
 
             return cls(None, cfg, SnapshotReader(blob_root, skills_dir.with_name("skills-snapshots"), cfg))
         from evolve.bank import SkillBank

@@ -11,8 +11,9 @@ from pathlib import Path
 from core.config import REPO_ROOT, EvolverConfig, SkillsConfig
 from core.names import DEFAULT_NAMESPACE as NAMESPACE
 from evolve.actor import Evolver
-from evolve.mirror import SkillMirror, SnapshotReader
+from evolve.mirror import SkillMirror
 from evolve.scopes import request_scopes
+from evolve.snapshot_reader import SnapshotReader
 from tests.integration.test_evolve_actor import FEEDBACK, turn_and_sample
 from tests.servers import S3_ENV
 from tests.unit.test_evolve_mirror import make_bucket

@@ -107,7 +107,7 @@ def test_postgresql_state_creates_no_sqlite_file(pg_dsn, tmp_path):
 
 
 def test_the_report_reads_the_controllers_history_from_the_store_or_an_older_releases_file(state_cfg, tmp_path):
-    from cluster.controller import read_controller_state
+    from cluster.controller_state import read_controller_state
     from cluster.report import load_windows
     from core.storage import StorageLayout
 

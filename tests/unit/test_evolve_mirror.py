@@ -22,13 +22,13 @@ from evolve.mirror import (
     SKILLS,
     SkillMirror,
     SnapshotError,
-    SnapshotReader,
     digest_tree,
     merge_units,
     new_history_lines,
     record_key,
     records_to_remove,
 )
+from evolve.snapshot_reader import SnapshotReader
 
 CFG = SkillsConfig(retrieval="template")
 
