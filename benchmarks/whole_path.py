@@ -281,8 +281,11 @@ def start_tiny_vllm(port: int) -> Server:
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", cfg.model_path(),
            "--served-model-name", "up-model", "clawray-policy", "--host", "127.0.0.1", "--port", str(port),
            "--dtype", "float32", "--max-model-len", "8192", "--enforce-eager"]
+    from serve.vllm_engine import vllm_private_dir, vllm_temp_env
+
+    # Its sockets and temp files in a folder of its own (swept by the next engine start once it is gone).
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(cfg.cache_path() / "vllm"),
-           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", **vllm_temp_env(vllm_private_dir())}
     return Server("vllm", cmd, env, port, ready_line=False)
 
 

@@ -80,40 +80,14 @@ HAPROXY_DIR_PREFIX = "cr-ha-"
 STALE_HAPROXY_DIR_S = 300.0
 
 
-def _answers(sock: Path) -> bool:
-    import socket
-
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(0.5)
-        try:
-            s.connect(str(sock))
-        except OSError:
-            return False
-    return True
-
-
 def sweep_stale_haproxy_dirs(parent: Path, min_age_s: float = STALE_HAPROXY_DIR_S) -> list[Path]:
     """Remove the private HAProxy folders (`ingress_env`) of clusters that are gone: this user's, nothing in
     them changed for `min_age_s` (a HAProxy that Serve restarts writes new logs there) and no HAProxy
-    answers on their admin sockets. A cluster's folder outlives it (the head stops without knowing it);
-    each start sweeps what earlier ones left. Returns the folders removed."""
-    import shutil
-    import time
+    answers on their admin sockets (core/private_tmp.py). A cluster's folder outlives it (the head stops
+    without knowing it); each start sweeps what earlier ones left. Returns the folders removed."""
+    from core.private_tmp import sweep_stale_dirs
 
-    removed = []
-    for d in parent.glob(HAPROXY_DIR_PREFIX + "*"):
-        try:
-            if not d.is_dir() or d.is_symlink() or d.stat().st_uid != os.getuid():
-                continue
-            inside = list(d.rglob("*"))
-            newest = max([d.stat().st_mtime, *(p.lstat().st_mtime for p in inside)])
-            if time.time() - newest < min_age_s or any(_answers(p) for p in inside if p.name.endswith("admin.sock")):
-                continue
-        except OSError:
-            continue
-        shutil.rmtree(d, ignore_errors=True)
-        removed.append(d)
-    return removed
+    return sweep_stale_dirs(parent, HAPROXY_DIR_PREFIX, min_age_s, is_socket=lambda p: p.name.endswith("admin.sock"))
 
 
 def ingress_env(cfg: ClawrayConfig) -> dict[str, str]:

@@ -11,6 +11,7 @@ OPD integration test start one with `serve_teacher`.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,7 +53,11 @@ def serve_teacher(model_path: str | Path, port: int, *, max_model_len: int = 409
                   kv_cache_gib: int = 1) -> Iterator[LLMEndpoint]:
     """A running teacher server; yields its endpoint (`rewards.teacher`), stops it (its process group) at
     exit. Raises RuntimeError with the log's tail when it does not come up."""
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "HF_HUB_OFFLINE": "1"}
+    from serve.vllm_engine import vllm_private_dir, vllm_temp_env
+
+    private = vllm_private_dir()  # its sockets and temp files, removed when it stops
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "HF_HUB_OFFLINE": "1",
+           **vllm_temp_env(private)}
     if log:  # a bench run's folder is created by the run, after its teacher is up
         log.parent.mkdir(parents=True, exist_ok=True)
     out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 - closed below
@@ -83,6 +88,8 @@ def serve_teacher(model_path: str | Path, port: int, *, max_model_len: int = 409
                 proc.wait()
         if log:
             out.close()
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)
 
 
 def _tail(log: Path | None, n: int = 20) -> str:

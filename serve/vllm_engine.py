@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import uuid
 from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
 from core.config import EngineConfig, ModelConfig
@@ -25,6 +27,29 @@ from serve.capture import Capture, TappedEngineClient
 from serve.protocol import EngineRequestError, Reply
 
 log = logging.getLogger("clawray.engine")
+VLLM_DIR_PREFIX = "cr-vllm-"  # the private temp folder of one engine (core/private_tmp.py)
+
+
+def vllm_private_dir() -> Path | None:
+    """A private temp folder for a vLLM engine about to start (its process and the engine core process it
+    spawns: `vllm_temp_env`), after sweeping those of engines that are gone. vLLM puts its ZMQ IPC sockets
+    (`VLLM_RPC_BASE_PATH`, default the temp dir) and its engine core's torch FileStore
+    (`tempfile.gettempdir()`) straight into /tmp, and an engine that is killed (a replica's shutdown,
+    `ray.kill`, a crash) never removes them: thousands had piled up. None when the operator set
+    `VLLM_RPC_BASE_PATH` themselves (theirs is used, and nothing is swept)."""
+    from core.private_tmp import make_private_dir, sweep_stale_dirs, temp_parent
+
+    if os.environ.get("VLLM_RPC_BASE_PATH"):
+        return None
+    parent = temp_parent()
+    for gone in sweep_stale_dirs(parent, VLLM_DIR_PREFIX):
+        log.info("removed %s, left by a vLLM engine that is gone", gone)
+    return make_private_dir(VLLM_DIR_PREFIX, parent)
+
+
+def vllm_temp_env(private: Path | None) -> dict[str, str]:
+    """The env that puts a vLLM process's sockets and temp files into `private` (nothing for None)."""
+    return {} if private is None else {"VLLM_RPC_BASE_PATH": str(private), "TMPDIR": str(private)}
 
 
 def vllm_cli_args(model_path: str, model: ModelConfig, engine: EngineConfig) -> list[str]:
@@ -74,10 +99,13 @@ class VLLMServing:
         self._stack = AsyncExitStack()
         self.client: TappedEngineClient | None = None
         self.state: Any = None
+        self.private: Path | None = None  # vLLM's temp folder (`vllm_private_dir`)
 
     async def start(self) -> None:
         if self.engine_cfg.device == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.engine_cfg.kv_cache_gib))
+        self.private = vllm_private_dir()
+        os.environ.update(vllm_temp_env(self.private))  # before vLLM starts: its engine core inherits it
         from starlette.datastructures import State
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
         from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
@@ -95,6 +123,9 @@ class VLLMServing:
 
     async def close(self) -> None:
         await self._stack.aclose()
+        if self.private is not None:
+            shutil.rmtree(self.private, ignore_errors=True)
+            self.private = None
 
     # ---- requests -------------------------------------------------------------------------------
 
