@@ -153,7 +153,7 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._run()), loop.create_task(self._heartbeat())]
         # The store's WAL checkpoints run here, in a thread, instead of inside the commit of whichever request
-        # crosses SQLite's threshold (that request's reply waited 2-8 ms: benchmarks/whole_path.py p99).
+        # crosses SQLite's threshold (that request's reply waited 2-8 ms, ~1 request in 80: docs/serving.md).
         if self.store.defer_checkpoints():
             self._tasks.append(loop.create_task(self._checkpoints()))
 
