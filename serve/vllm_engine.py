@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import uuid
 from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack
@@ -99,13 +98,13 @@ class VLLMServing:
         self._stack = AsyncExitStack()
         self.client: TappedEngineClient | None = None
         self.state: Any = None
-        self.private: Path | None = None  # vLLM's temp folder (`vllm_private_dir`)
 
     async def start(self) -> None:
         if self.engine_cfg.device == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.engine_cfg.kv_cache_gib))
-        self.private = vllm_private_dir()
-        os.environ.update(vllm_temp_env(self.private))  # before vLLM starts: its engine core inherits it
+        # Before vLLM starts: its engine core process inherits it. Nothing closes an engine when its replica
+        # stops, so the folder is removed by a later engine start's sweep, once no socket in it answers.
+        os.environ.update(vllm_temp_env(vllm_private_dir()))
         from starlette.datastructures import State
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
         from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
@@ -123,9 +122,6 @@ class VLLMServing:
 
     async def close(self) -> None:
         await self._stack.aclose()
-        if self.private is not None:
-            shutil.rmtree(self.private, ignore_errors=True)
-            self.private = None
 
     # ---- requests -------------------------------------------------------------------------------
 
