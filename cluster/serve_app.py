@@ -77,17 +77,17 @@ def haproxy_env(private: Path) -> dict[str, str]:
 
 
 HAPROXY_DIR_PREFIX = "cr-ha-"
-STALE_HAPROXY_DIR_S = 300.0
 
 
-def sweep_stale_haproxy_dirs(parent: Path, min_age_s: float = STALE_HAPROXY_DIR_S) -> list[Path]:
+def sweep_stale_haproxy_dirs(parent: Path, min_age_s: float | None = None) -> list[Path]:
     """Remove the private HAProxy folders (`ingress_env`) of clusters that are gone: this user's, nothing in
     them changed for `min_age_s` (a HAProxy that Serve restarts writes new logs there) and no HAProxy
     answers on their admin sockets (core/private_tmp.py). A cluster's folder outlives it (the head stops
     without knowing it); each start sweeps what earlier ones left. Returns the folders removed."""
-    from core.private_tmp import sweep_stale_dirs
+    from core.private_tmp import STALE_DIR_S, sweep_stale_dirs
 
-    return sweep_stale_dirs(parent, HAPROXY_DIR_PREFIX, min_age_s, is_socket=lambda p: p.name.endswith("admin.sock"))
+    return sweep_stale_dirs(parent, HAPROXY_DIR_PREFIX, STALE_DIR_S if min_age_s is None else min_age_s,
+                            is_socket=lambda p: p.name.endswith("admin.sock"))
 
 
 def ingress_env(cfg: ClawrayConfig) -> dict[str, str]:
@@ -98,12 +98,13 @@ def ingress_env(cfg: ClawrayConfig) -> dict[str, str]:
     if cfg.proxy.http_ingress != "haproxy":
         return {}
     import shutil
-    import tempfile
+
+    from core.private_tmp import make_private_dir, temp_parent
 
     # HAProxy refuses socket paths over 97 bytes, and Serve puts them in <folder>/<56-hex node id>/.
-    parent = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())
+    parent = temp_parent()
     sweep_stale_haproxy_dirs(parent)
-    private = Path(tempfile.mkdtemp(prefix=HAPROXY_DIR_PREFIX, dir=parent))
+    private = make_private_dir(HAPROXY_DIR_PREFIX, parent)
     env = haproxy_env(private)
     # Tunables an operator's own env overrides: Serve's request metrics (`proxy.haproxy_serve_metrics`), and
     # HAProxy's threads no more than the host's cores (Ray's default is 4, which on 2 cores only contend;
