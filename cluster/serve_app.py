@@ -25,6 +25,7 @@ from typing import Any
 
 from core import names
 from core.config import ClawrayConfig, ConfigError, load_config
+from core.private_tmp import STALE_DIR_S, make_private_dir, sweep_stale_dirs, temp_parent
 from serve.http import is_loopback
 
 APP_NAME = names.APP  # kept importable here for tests/conftest.py; new code asks core.names
@@ -79,15 +80,12 @@ def haproxy_env(private: Path) -> dict[str, str]:
 HAPROXY_DIR_PREFIX = "cr-ha-"
 
 
-def sweep_stale_haproxy_dirs(parent: Path, min_age_s: float | None = None) -> list[Path]:
+def sweep_stale_haproxy_dirs(parent: Path, min_age_s: float = STALE_DIR_S) -> list[Path]:
     """Remove the private HAProxy folders (`ingress_env`) of clusters that are gone: this user's, nothing in
     them changed for `min_age_s` (a HAProxy that Serve restarts writes new logs there) and no HAProxy
     answers on their admin sockets (core/private_tmp.py). A cluster's folder outlives it (the head stops
     without knowing it); each start sweeps what earlier ones left. Returns the folders removed."""
-    from core.private_tmp import STALE_DIR_S, sweep_stale_dirs
-
-    return sweep_stale_dirs(parent, HAPROXY_DIR_PREFIX, STALE_DIR_S if min_age_s is None else min_age_s,
-                            is_socket=lambda p: p.name.endswith("admin.sock"))
+    return sweep_stale_dirs(parent, HAPROXY_DIR_PREFIX, min_age_s, is_socket=lambda p: p.name.endswith("admin.sock"))
 
 
 def ingress_env(cfg: ClawrayConfig) -> dict[str, str]:
@@ -98,8 +96,6 @@ def ingress_env(cfg: ClawrayConfig) -> dict[str, str]:
     if cfg.proxy.http_ingress != "haproxy":
         return {}
     import shutil
-
-    from core.private_tmp import make_private_dir, temp_parent
 
     # HAProxy refuses socket paths over 97 bytes, and Serve puts them in <folder>/<56-hex node id>/.
     parent = temp_parent()
