@@ -25,13 +25,17 @@ from typing import Protocol
 
 from core import names
 from core.contracts import Turn
-from serve.sessions import SessionStore
+from serve.sessions import SessionStore, TurnLine
 
 log = logging.getLogger("clawray.outbox")
 
 
 class TurnSink(Protocol):
-    async def submit(self, turns: list[Turn]) -> None:
+    # True: `submit` gets each turn as its JSON (`TurnLine`), not as a `Turn` (parsing and re-serialising
+    # a turn's ~3,000 prompt ids cost more than everything else the dispatcher does with it).
+    takes_lines: bool
+
+    async def submit(self, turns: list[Turn] | list[TurnLine]) -> None:
         """Take `turns` durably or raise; must be idempotent per `turn_id` (re-delivery happens).
         `DeliveryFailed` says which turns were not taken (the others were); any other error: none was."""
 
@@ -63,18 +67,19 @@ def describe(error: BaseException) -> str:
 class JsonlTurnSink:
     """Appends completed turns to a JSON-lines file, fsync'd before returning."""
 
+    takes_lines = True
+
     def __init__(self, path: Path):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
 
-    def _write(self, turns: list[Turn]) -> None:
+    def _write(self, turns: list[TurnLine]) -> None:
         with open(self.path, "a", encoding="utf-8") as f:
-            for t in turns:
-                f.write(t.model_dump_json() + "\n")
+            f.write("".join(t.json + "\n" for t in turns))
             f.flush()
             os.fsync(f.fileno())
 
-    async def submit(self, turns: list[Turn]) -> None:
+    async def submit(self, turns: list[TurnLine]) -> None:
         try:
             await asyncio.to_thread(self._write, turns)
         except OSError as e:  # a full or read-only disk is an outage, not a bad turn
@@ -87,6 +92,8 @@ class ActorPoolSink:
     A session always goes to the same actor (crc32 of its id): the rewards plane keeps per-session
     state (the "at least one trainable sample per session" rule).
     """
+
+    takes_lines = False
 
     def __init__(self, actors: list[str], namespace: str = names.DEFAULT_NAMESPACE, timeout_s: float = 120.0):
         self.actors, self.namespace, self.timeout_s = actors, namespace, timeout_s
@@ -189,7 +196,8 @@ class Dispatcher:
 
     async def drain_once(self) -> int:
         await self._housekeeping()
-        turns = await asyncio.to_thread(self.store.claim, self.batch, self.lease_s)
+        claim = self.store.claim_lines if getattr(self.sink, "takes_lines", False) else self.store.claim
+        turns = await asyncio.to_thread(claim, self.batch, self.lease_s)
         if not turns:
             return 0
         ids = [t.turn_id for t in turns]

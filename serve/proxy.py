@@ -173,7 +173,7 @@ class ProxyImpl:
                       tool_calls: list[list[dict]], block: str = "") -> None:
         cap = reply.capture
         if self.metrics is not None:
-            self.metrics.captured(meta.turn_type.value, len(cap.prompt_ids),
+            self.metrics.captured(meta.turn_type.value, cap.prompt_count(),
                                   sum(len(c.token_ids) for c in cap.choices.values()))
         if meta.turn_type.value != "main":  # side turns are served, never stored or trained on
             if meta.session_done:
@@ -185,7 +185,7 @@ class ProxyImpl:
         turns = turns_from_reply(reply, meta, skills, generation, tool_calls)
         if turns:  # the conversation the engine rendered: which stored turns it continues, and how
             await self.recorder.record(turns, read_history(reply.messages, meta.params), block,
-                                       alone=self._waiting == 0)
+                                       alone=self._waiting == 0, prompt=cap.prompt_bytes())
 
     async def generate(self, request: Request, anthropic: bool) -> Any:
         """A chat completions request, or with `anthropic` an Anthropic messages request."""

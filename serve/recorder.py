@@ -22,26 +22,27 @@ log = logging.getLogger("clawray.proxy")
 
 
 class GroupCommit:
-    """`await record(turns, history, block)` == `SessionStore.record`, batched. One instance per event loop."""
+    """`await record(turns, history, block, prompt=...)` == `SessionStore.record`, batched. One instance per
+    event loop."""
 
     def __init__(self, store: SessionStore, max_batch: int = 256):
         self.store, self.max_batch = store, max_batch
-        self._pending: list[tuple[list[Turn], History | None, str, asyncio.Future]] = []
+        self._pending: list[tuple[list[Turn], History | None, str, bytes | None, asyncio.Future]] = []
         self._running = False
         self.commits = 0  # transactions run (for tests and benchmarks: commits < records under load)
         self.in_place = 0  # of which run on the loop (`alone`)
 
     async def record(self, turns: list[Turn], history: History | None, block: str = "",
-                     alone: bool = False) -> list[Turn]:
+                     alone: bool = False, prompt: bytes | None = None) -> list[Turn]:
         """`alone`: the caller knows no other request of this replica is in flight (serve/proxy.py)."""
         if alone and not self._running and not self._pending:
-            stored = self.store.try_record_batch([(turns, history, block)])
+            stored = self.store.try_record_batch([(turns, history, block, prompt)])
             if stored is not None:
                 self.commits += 1
                 self.in_place += 1
                 return stored[0]
         fut = asyncio.get_running_loop().create_future()
-        self._pending.append((turns, history, block, fut))
+        self._pending.append((turns, history, block, prompt, fut))
         if not self._running:
             self._running = True
             asyncio.get_running_loop().create_task(self._drain())
@@ -55,8 +56,8 @@ class GroupCommit:
         finally:
             self._running = False
 
-    async def _commit(self, batch: list[tuple[list[Turn], History | None, str, asyncio.Future]]) -> None:
-        items = [(turns, history, block) for turns, history, block, _ in batch]
+    async def _commit(self, batch: list[tuple[list[Turn], History | None, str, bytes | None, asyncio.Future]]) -> None:
+        items = [item[:-1] for item in batch]
         try:
             results = await asyncio.to_thread(self.store.record_batch, items)
         except Exception:  # noqa: BLE001 - one bad item must not fail the others: retry them one by one
@@ -68,10 +69,10 @@ class GroupCommit:
             if not fut.done():  # the request may have been cancelled (client went away)
                 fut.set_result(stored)
 
-    async def _one_by_one(self, batch: list[tuple[list[Turn], History | None, str, asyncio.Future]]) -> None:
-        for turns, history, block, fut in batch:
+    async def _one_by_one(self, batch: list[tuple[list[Turn], History | None, str, bytes | None, asyncio.Future]]) -> None:
+        for turns, history, block, prompt, fut in batch:
             try:
-                stored = await asyncio.to_thread(self.store.record, turns, history, block)
+                stored = await asyncio.to_thread(self.store.record, turns, history, block, prompt)
             except Exception as e:  # noqa: BLE001 - delivered to the waiting request, which fails with it
                 if not fut.done():
                     fut.set_exception(e)

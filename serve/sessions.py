@@ -28,13 +28,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from core.config import StateConfig
 from core.contracts import Turn
 from core.state import open_database
 from serve import skill_blocks
 from serve.history import History
+from serve.turn_payload import payload_json, turn_line
 
 DB_FILE = "sessions.db"  # under the storage root's sessions/ folder
 SCHEMA = """
@@ -65,6 +66,13 @@ ADDED_COLUMNS = (("next_state", "TEXT"), ("ended", "INTEGER NOT NULL DEFAULT 0")
                  ("block_at", "TEXT"))
 BLOCK_TOUCH_S = 60.0  # a block's last_used is refreshed at most this often (pruning keeps a day of them)
 MAX_ERROR_CHARS = 2000
+
+
+class TurnLine(NamedTuple):
+    """A claimed turn as its JSON (`SessionStore.claim_lines`)."""
+
+    turn_id: str
+    json: str
 
 
 class SessionStore:
@@ -107,17 +115,21 @@ class SessionStore:
     def _tx(self, *locks: str):
         return self._db.tx(*locks)
 
-    def record(self, turns: list[Turn], history: History | None = None, block: str = "") -> list[Turn]:
+    def record(self, turns: list[Turn], history: History | None = None, block: str = "",
+               prompt: bytes | None = None) -> list[Turn]:
         """Store the main turn(s) of one request (n > 1 choices share a `group_id` and an index) and
         complete the pending turns its `history` continues (module rules). Assigns `turn_index`.
         `block`: the skills block injected into the request's messages, stored once for all turns that
-        carry it (serve/skill_blocks.py); reading gives the messages back whole."""
-        return self.record_batch([(turns, history, block)])[0]
+        carry it (serve/skill_blocks.py); reading gives the messages back whole.
+        `prompt`: the turns' prompt ids as one JSON array of ints (the Proxy's: serve/turns.py), stored as
+        every turn's `prompt_ids` in place of their own, which are then empty (the turns returned keep
+        them empty; every turn read back has them)."""
+        return self.record_batch([(turns, history, block, prompt)])[0]
 
     def record_batch(self, items: list[tuple]) -> list[list[Turn]]:
         """`record` for several requests in ONE transaction (group commit), in order: two requests of
         the same session in one batch chain exactly as if recorded one after the other. Items are
-        (turns, history) or (turns, history, block)."""
+        (turns, history), (turns, history, block) or (turns, history, block, prompt)."""
         now = time.time()
         with self._tx(*(it[0][0].session_id for it in items)) as db:
             return self._record_all(db, items, now)
@@ -136,9 +148,11 @@ class SessionStore:
             return self._record_all(db, items, now)
 
     def _record_all(self, db, items: list[tuple], now: float) -> list[list[Turn]]:
-        return [self._record(db, it[0], it[1], now, it[2] if len(it) > 2 else "") for it in items]
+        return [self._record(db, it[0], it[1], now, it[2] if len(it) > 2 else "", it[3] if len(it) > 3 else None)
+                for it in items]
 
-    def _record(self, db, turns: list[Turn], history: History | None, now: float, block: str = "") -> list[Turn]:
+    def _record(self, db, turns: list[Turn], history: History | None, now: float, block: str = "",
+                prompt: bytes | None = None) -> list[Turn]:
         first = turns[0]
         sid = first.session_id
         pending = db.execute(  # indexed (turns_by_session); a handful of rows per session
@@ -174,7 +188,7 @@ class SessionStore:
                 (turn.turn_id, sid, index, "completed" if turn.last_in_session else "pending",
                  "", now, int(turn.last_in_session), request_key, key, ref, at),
             )
-            db.execute("INSERT INTO payloads(turn_id, payload) VALUES(?,?)", (turn.turn_id, payload.model_dump_json()))
+            db.execute("INSERT INTO payloads(turn_id, payload) VALUES(?,?)", (turn.turn_id, payload_json(payload, prompt)))
             stored.append(turn)
         return stored
 
@@ -200,6 +214,16 @@ class SessionStore:
 
     def claim(self, limit: int, lease_s: float) -> list[Turn]:
         """Lease up to `limit` completed turns for dispatch (expired leases are claimable again)."""
+        rows, texts = self._claim(limit, lease_s)
+        return [_turn(*r[1:], texts=texts) for r in rows]
+
+    def claim_lines(self, limit: int, lease_s: float) -> list[TurnLine]:
+        """`claim`, each turn as its JSON (serve/turn_payload.py `turn_line`): for a sink that writes turns
+        out as they are, without parsing and re-serialising their prompt ids."""
+        rows, texts = self._claim(limit, lease_s)
+        return [TurnLine(r[0], turn_line(*r[1:], texts=texts)) for r in rows]
+
+    def _claim(self, limit: int, lease_s: float) -> tuple[list[tuple], dict[str, str]]:
         now = time.time()
         with self._tx() as db:
             rows = db.execute(
@@ -215,8 +239,7 @@ class SessionStore:
                     (now + lease_s, *ids),
                 )
             rows = _with_payloads(db, rows)
-            texts = _block_texts(db, rows)
-        return [_turn(*r[1:], texts=texts) for r in rows]
+            return rows, _block_texts(db, rows)
 
     def mark_dispatched(self, turn_ids: list[str]) -> None:
         with self._tx() as db:

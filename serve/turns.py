@@ -159,7 +159,11 @@ def extract_meta(body: dict[str, Any], headers: dict[str, str], client_key: str,
 def turns_from_reply(
     reply: Reply, meta: TurnMeta, skills: list[str], generation: int, tool_calls: list[list[dict]]
 ) -> list[Turn]:
-    """One Turn per sampled choice; several choices share a `group_id` (GRPO groups)."""
+    """One Turn per sampled choice; several choices share a `group_id` (GRPO groups).
+
+    Their `prompt_ids` are left empty: the choices share the prompt, which goes to the store once, as JSON
+    (`reply.capture.prompt_bytes()`; serve/sessions.py `SessionStore.record`'s `prompt`), so the request path
+    never validates and re-serialises its ~3,000 ids per choice. Every turn read from the store has them."""
     cap = reply.capture
     group = uuid.uuid4().hex if len(cap.choices) > 1 else None
     out = []
@@ -172,7 +176,7 @@ def turns_from_reply(
                 tenant=meta.tenant,
                 turn_type=meta.turn_type,
                 messages=reply.messages,
-                prompt_ids=cap.prompt_ids,
+                prompt_ids=[],
                 response_ids=c.token_ids,
                 response_logprobs=c.logprobs,
                 response_text=c.text,

@@ -36,12 +36,14 @@ from serve.upstream_wire import (
     anthropic_events,
     anthropic_to_openai,
     capture_body,
+    cut_prompt_ids,
     error_message,
     openai_to_anthropic,
     role_chunk,
     sse_data,
     strip_body,
     strip_chunk,
+    top_level_cut,
     upstream_payload,
 )
 
@@ -88,8 +90,8 @@ class UpstreamEngineImpl:
     async def chat(self, body: dict[str, Any]) -> Reply:
         payload, asked = upstream_payload(body, self.ep.model, self.caps)
         with self._counted():
-            data = await self._json(payload, asked)
-        cap = capture_body(data)  # before strip_body removes what it reads
+            data, prompt_json = await self._json(payload, asked)
+        cap = capture_body(data, prompt_json)  # before strip_body removes what it reads
         return Reply(strip_body(data, asked), cap, body["messages"])
 
     async def chat_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
@@ -112,8 +114,8 @@ class UpstreamEngineImpl:
         oai, messages = anthropic_to_openai(body)
         payload, asked = upstream_payload(oai, self.ep.model, self.caps)
         with self._counted():
-            data = await self._json(payload, asked)
-        cap = capture_body(data)
+            data, prompt_json = await self._json(payload, asked)
+        cap = capture_body(data, prompt_json)
         return Reply(openai_to_anthropic(data), cap, messages)
 
     async def messages_stream(self, body: dict[str, Any]) -> AsyncGenerator[str | Reply, None]:
@@ -193,7 +195,9 @@ class UpstreamEngineImpl:
 
     # ---- HTTP ---------------------------------------------------------------------------------------
 
-    async def _json(self, payload: dict[str, Any], asked: Asked) -> dict[str, Any]:
+    async def _json(self, payload: dict[str, Any], asked: Asked) -> tuple[dict[str, Any], bytes | None]:
+        """The upstream's reply parsed, and its prompt ids' JSON text when they were cut out before parsing
+        (upstream_wire.cut_prompt_ids: the client did not ask for them, so they only go to the store)."""
         resp = await self._send(payload, asked)
         try:
             raw = await resp.read()
@@ -204,13 +208,16 @@ class UpstreamEngineImpl:
             raise EngineRequestError(502, "the upstream reply broke off", "upstream_error") from None
         finally:
             resp.release()
+        cut = None if asked.token_ids else cut_prompt_ids(raw)
         try:
-            data = from_json(raw)  # pydantic's Rust parser: ~3x json.loads on a reply of prompt token ids
+            data = from_json(raw if cut is None else cut[0])  # pydantic's Rust parser: ~3x json.loads
+            if cut is not None and not top_level_cut(data):
+                data, cut = from_json(raw), None
         except ValueError:
             raise EngineRequestError(502, "the upstream sent a reply that is not JSON", "upstream_error") from None
         if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
             raise EngineRequestError(502, "the upstream sent a reply without choices", "upstream_error")
-        return data
+        return data, None if cut is None else cut[1]
 
     async def _send(self, payload: dict[str, Any], asked: Asked) -> aiohttp.ClientResponse:
         """POST chat/completions; returns the open 200 response (caller releases it) or raises a mapped

@@ -78,9 +78,38 @@ def _settle(cap: Capture) -> Capture:
     return cap
 
 
-def capture_body(data: dict[str, Any]) -> Capture:
-    """Capture of a non-streaming chat completion body."""
+PROMPT_NAME = b'"prompt_token_ids"'
+PROMPT_KEY = re.compile(rb'"prompt_token_ids" ?: ?\[')
+IDS_RE = re.compile(rb"\[[0-9, ]*\]")  # no line breaks: the text goes into a JSON-lines file as it is
+
+
+def cut_prompt_ids(raw: bytes) -> tuple[bytes, bytes] | None:
+    """A reply body with its top-level `prompt_token_ids` array replaced by null, and that array's JSON text;
+    None when there is none to cut (the caller then parses the reply whole).
+
+    The name's quotes are unescaped only where it is a key or a whole string (in a string they are `\\"`),
+    it must occur once, and the array must be plain digits, so this never cuts inside a string or picks one
+    of two keys; `top_level_cut` checks the parsed reply to rule out a nested key of the same name."""
+    key = PROMPT_KEY.search(raw)
+    if key is None or raw.count(PROMPT_NAME) != 1:
+        return None
+    begin = key.end() - 1
+    end = raw.find(b"]", begin)
+    if end < 0 or not IDS_RE.fullmatch(raw, begin, end + 1):
+        return None
+    return raw[:begin] + b"null" + raw[end + 1:], raw[begin:end + 1]
+
+
+def top_level_cut(data: Any) -> bool:
+    """Whether the reply parsed from `cut_prompt_ids`'s body had its null at the top level."""
+    return isinstance(data, dict) and "prompt_token_ids" in data and data["prompt_token_ids"] is None
+
+
+def capture_body(data: dict[str, Any], prompt_json: bytes | None = None) -> Capture:
+    """Capture of a non-streaming chat completion body; `prompt_json`: its prompt ids, cut out unparsed."""
     cap = Capture(key=str(data.get("id", "")), prompt_ids=list(data.get("prompt_token_ids") or []), done=True)
+    if prompt_json is not None and prompt_json.strip(b"[] "):
+        cap.prompt_json = prompt_json
     for ch in data.get("choices") or []:
         c = cap.choice(int(ch.get("index", 0)))
         c.token_ids = list(ch.get("token_ids") or [])

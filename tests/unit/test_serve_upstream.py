@@ -134,8 +134,22 @@ def test_sends_only_the_body_the_model_and_its_own_key(monkeypatch):
     assert req.path == "/v1/chat/completions" and req.headers["authorization"] == f"Bearer {KEY}"
     assert not [h for h in req.headers if h.startswith("x-")]  # no clawray (or client) headers
     assert sent["model"] == "up-model" and sent["logprobs"] is True and sent["return_token_ids"] is True
-    assert reply.capture.prompt_ids == [1, 2] and reply.capture.choices[0].logprobs == [-0.25]
+    assert reply.capture.prompt_json == b"[1, 2]" and reply.capture.choices[0].logprobs == [-0.25]
     assert "prompt_token_ids" not in reply.body and reply.body["choices"][0]["logprobs"] is None
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_prompt_ids_reach_the_capture_unparsed_unless_the_client_asked_for_them(monkeypatch, compact):
+    ids = list(range(100, 3100))
+    body = {**_reply(), "prompt_token_ids": ids}
+    content = json.dumps(body, separators=(",", ":") if compact else None).encode()
+    eng = _engine(lambda request: Answer(200, content), monkeypatch)
+    cap = asyncio.run(eng.chat({"messages": MSGS})).capture
+    assert cap.prompt_ids == [] and json.loads(cap.prompt_bytes()) == ids and cap.prompt_count() == 3000
+    asked = asyncio.run(eng.chat({"messages": MSGS, "return_token_ids": True}))
+    assert asked.body["prompt_token_ids"] == ids and asked.capture.prompt_ids == ids  # parsed for the client
+    anthropic = asyncio.run(eng.messages({"model": "m", "max_tokens": 8, "messages": MSGS})).capture
+    assert json.loads(anthropic.prompt_bytes()) == ids
 
 
 def test_a_refused_capture_field_is_dropped_and_the_request_retried(monkeypatch):

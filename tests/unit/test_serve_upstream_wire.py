@@ -15,11 +15,13 @@ from serve.upstream_wire import (
     anthropic_events,
     anthropic_to_openai,
     capture_body,
+    cut_prompt_ids,
     error_message,
     openai_to_anthropic,
     sse_data,
     strip_body,
     strip_chunk,
+    top_level_cut,
     upstream_payload,
 )
 
@@ -170,3 +172,50 @@ def test_openai_stream_becomes_anthropic_events():
     assert kinds == ["message_start", "content_block_start", "content_block_delta", "content_block_delta",
                      "content_block_stop", "message_delta", "message_stop"]
     assert '"end_turn"' in events[-2]
+
+
+def _cut(body: dict, **dumps) -> tuple[dict, bytes] | None:
+    cut = cut_prompt_ids(json.dumps(body, **dumps).encode())
+    if cut is None:
+        return None
+    data = json.loads(cut[0])
+    return (data, cut[1]) if top_level_cut(data) else None
+
+
+@pytest.mark.parametrize("dumps", [{"separators": (",", ":")}, {}])
+def test_prompt_ids_are_cut_out_of_a_reply_unparsed(dumps):
+    data, ids = _cut(_body(), **dumps)
+    assert json.loads(ids) == [1, 2, 3] and data["prompt_token_ids"] is None
+    assert data["choices"] == _body()["choices"]  # the rest is untouched
+    cap = capture_body(data, ids)
+    assert cap.prompt_ids == [] and json.loads(cap.prompt_bytes()) == [1, 2, 3] and cap.prompt_count() == 3
+
+
+def test_the_name_inside_text_is_escaped_and_never_cut():
+    body = _body()
+    body["choices"][0]["message"]["content"] = 'say "prompt_token_ids":[9] please'
+    data, ids = _cut(body, separators=(",", ":"))
+    assert json.loads(ids) == [1, 2, 3] and data["choices"] == body["choices"]
+
+
+@pytest.mark.parametrize("change", [
+    # text ending in the quoted name: its closing quote is unescaped, so the name occurs twice
+    lambda b: b["choices"][0]["message"].update(content='x"prompt_token_ids'),
+    # a nested key of the same name, with or without the top-level one
+    lambda b: b["choices"][0].update(prompt_token_ids=[4, 5]),
+    lambda b: (b.pop("prompt_token_ids"), b["choices"][0].update(prompt_token_ids=[4, 5])),
+    lambda b: b.update(prompt_token_ids=[1.5, 2]),  # not token ids
+    lambda b: b.update(prompt_token_ids=[-1, 2]),
+    lambda b: b.update(prompt_token_ids=None),
+    lambda b: b.pop("prompt_token_ids"),
+])
+def test_a_reply_whose_prompt_ids_are_not_plainly_one_top_level_array_is_parsed_whole(change):
+    body = _body()
+    change(body)
+    assert _cut(body) is None
+    cap = capture_body(body)
+    assert cap.prompt_json is None and cap.prompt_ids == (body.get("prompt_token_ids") or [])
+
+
+def test_pretty_printed_ids_are_parsed_whole_so_no_line_break_reaches_the_turn_file():
+    assert _cut(_body(), indent=2) is None
