@@ -379,18 +379,9 @@ def _block_texts(db, rows: list[tuple]) -> dict[str, str]:
 def _turn(payload: str, next_state: str | None, ended: int, idle: int, block_ref: str | None = None,
           block_at: str | None = None, texts: dict[str, str] | None = None) -> Turn:
     """A stored turn with what completed it (rows completed before these columns existed carry it in
-    the payload) and its messages whole again (the skills block pasted back)."""
-    turn = Turn.model_validate_json(payload)
-    update: dict[str, Any] = {}
-    if block_ref:
-        update["messages"] = skill_blocks.paste(turn.messages, json.loads(block_at), (texts or {})[block_ref])
-    if next_state is not None:
-        update["next_state"] = json.loads(next_state)
-    if (ended or idle) and not turn.last_in_session:
-        update["last_in_session"] = True
-    if idle:
-        update["idle_flushed"] = True
-    return turn.model_copy(update=update) if update else turn
+    the payload) and its messages whole again (the skills block pasted back): serve/turn_payload.py
+    `turn_line` says how, for this reader and for the file sink alike."""
+    return Turn.model_validate_json(turn_line(payload, next_state, ended, idle, block_ref, block_at, texts))
 
 
 def _capped(error: str | None) -> str | None:

@@ -64,6 +64,8 @@ def test_claimed_lines_are_the_claimed_turns(tmp_path, state_cfg, prompt):
     assert kinds == {("cont", False, False, True), ("cont", True, False, False), ("plain", True, False, False),
                      ("idle", True, True, False)}
     assert all(t.messages[0] == SYSTEM for t in turns.values() if t.session_id != "plain")  # block pasted back
+    (continued,) = [t for t in turns.values() if t.next_state is not None]
+    assert continued.next_state == [{"role": "user", "content": "and then?"}] and continued.messages == [SYSTEM, ODD]
 
 
 def test_the_turn_file_gets_the_stored_turns_through_the_dispatcher(tmp_path, state_cfg):
