@@ -51,9 +51,25 @@ def fingerprint(args: argparse.Namespace) -> str:
     keys = ("steps", "short_frac", "batch_tokens", "lr", "prompt_weight", "seed", "shape", "eval_n", "precision")
     h = hashlib.sha256(json.dumps({k: getattr(args, k) for k in keys}, sort_keys=True).encode())
     for s in SOURCES:
-        h.update((REPO / s).read_bytes())
+        h.update(code_digest((REPO / s).read_text()).encode())
     h.update((BASE / "clawray-build.json").read_bytes())
     return h.hexdigest()[:16]
+
+
+def code_digest(source: str) -> str:
+    """What in a source file can change the build: its syntax tree without docstrings (comments are not in
+    the tree), so that editing the prose of this script or of the code it reads does not retrain (~21 min
+    on an AVX2-only CPU) a model that would come out bitwise the same."""
+    import ast
+
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
 
 
 def resolve_precision(asked: str) -> str:
@@ -158,7 +174,10 @@ def reply_loss(model, ids, mask, rows, pos, prompt_weight: float = 0.0):
     Without it the LM head runs on the targets' predecessors only."""
     import torch
 
-    hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, L, H)
+    # No attention mask: padding is only ever on the right (`collate`), so under causal attention no real token
+    # sees it, and without a mask SDPA runs its causal kernel (~25% less time a step on an AVX2 CPU, the same
+    # loss). `mask` still says which tokens are real for the prompt loss below.
+    hidden = model.model(input_ids=ids).last_hidden_state  # (B, L, H)
     real = pos > 0  # position 0 is padding (never a target)
     if not prompt_weight:
         logits = model.lm_head(hidden[rows, pos - 1])  # (N, V): position t-1 predicts token t

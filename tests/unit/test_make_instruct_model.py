@@ -16,6 +16,7 @@ from scripts.make_instruct_model import (
     DECISION_WEIGHT,
     PAD_TO,
     batches,
+    code_digest,
     collate,
     encode,
     new_model,
@@ -113,3 +114,12 @@ def test_bf16_autocast_only_where_the_cpu_has_native_bf16(monkeypatch, amx, avx5
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     assert resolve_precision("auto") == want
     assert resolve_precision("fp32") == "fp32" and resolve_precision("bf16") == "bf16"
+
+
+def test_the_build_fingerprint_ignores_prose_but_not_code():
+    """Editing a docstring or a comment of the build's sources does not retrain the model; any code change does."""
+    src = '"""Module."""\nimport math\n\n\ndef f(x):\n    """Doc."""\n    return math.sqrt(x)  # note\n'
+    prose = src.replace("Module.", "Module, said better.").replace("Doc.", "").replace("# note", "# other")
+    assert code_digest(prose) == code_digest(src)
+    assert code_digest(src.replace("sqrt", "exp")) != code_digest(src)
+    assert code_digest(src.replace('"""Doc."""', '"""Doc."""\n    x = 1')) != code_digest(src)
