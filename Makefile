@@ -66,8 +66,9 @@ test-cluster: setup instruct-model
 test-fast: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not soak and not cluster and not efficacy" $(PYTEST_ARGS)
 
-# Does the loop help (issue 18), the smaller version of `python -m benchmarks.efficacy`: baseline < skills < full
-# in mean accuracy over 3 seeds (~10 minutes). Kept out of CI: its margins are a few points of accuracy.
+# Issue 18's bench runs (~20 minutes). Does the loop help, the smaller version of `python -m benchmarks.efficacy`:
+# baseline < skills < full in mean accuracy over 3 seeds (~10 minutes; out of CI: its margins are a few points of
+# accuracy); and `clawray bench` with all five conditions end to end (~10 minutes; CI runs baseline and full).
 test-efficacy: setup instruct-model
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m efficacy $(PYTEST_ARGS)
 
