@@ -36,8 +36,9 @@ $(MODEL): $(STAMP) scripts/make_tiny_model.py
 
 setup: $(STAMP) $(MODEL)
 
-# The instruction-following tiny model (issue 18; once on 2 cores: ~9 minutes on an Intel Xeon with AMX, ~17 on an AMD EPYC): the demo's model (harness/demo.py
-# DEMO_MODEL) and `clawray bench --model tiny-instruct`. The script's own fingerprint decides whether it retrains.
+# The instruction-following tiny model (issue 18; once on 2 cores: ~9 minutes on an Intel Xeon with AMX, ~20 in fp32 on an AVX2-only
+# AMD EPYC): the demo's model (harness/demo.py DEMO_MODEL) and `clawray bench --model tiny-instruct`. The script's own
+# fingerprint (its sources' code, not their prose) decides whether it retrains.
 INSTRUCT := .cache/tiny-instruct/clawray-build.json
 $(INSTRUCT): $(MODEL) scripts/make_instruct_model.py scripts/instruct_eval.py harness/corpus.py evolve/evolvers.py \
 		evolve/retrieval.py evolve/text.py serve/injection.py
@@ -59,7 +60,8 @@ test: setup instruct-model agents
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not soak and not cluster and not efficacy" $(PYTEST_ARGS)
 
 # Whole-cluster simulations (each starts Ray clusters of its own in subprocesses): kept out of `make test`
-# so that stays under 40 minutes on 2 cores; CI (.ci/run) runs both.
+# so that stays under 40 minutes on 2 cores (~17 minutes on an AVX2-only CPU). CI (.ci/run) runs two of them, the
+# ones that guard `serve run` and state shared across hosts: all of them do not fit its 90 minutes there.
 test-cluster: setup instruct-model
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m cluster $(PYTEST_ARGS)
 

@@ -6,7 +6,8 @@ it follows a rule a skill states and, without one, can only guess which rule the
 short chats (skills block and question) to learn the rules, then the full served format. Seeded and
 cached: the folder's `clawray-build.json` records a fingerprint of the settings, this script, the corpus
 and the code that writes the skills; a second run with the same inputs does nothing. About 9 minutes once
-on 2 cores of an Intel Xeon with AMX, ~21 in fp32 on an AVX2-only AMD EPYC (rich progress bar).
+on 2 cores of an Intel Xeon with AMX, ~20 in fp32 on an AVX2-only AMD EPYC (18 of training at 1.09 s a step,
+2.3 of evaluation; rich progress bar).
 
 Where the compute goes: the loss is on the replies only (~20 tokens of ~500), so the LM head runs on the
 reply positions alone, matmuls run in bf16 autocast (fp32 weights) where the CPU has native bf16 (AMX or
@@ -58,7 +59,7 @@ def fingerprint(args: argparse.Namespace) -> str:
 
 def code_digest(source: str) -> str:
     """What in a source file can change the build: its syntax tree without docstrings (comments are not in
-    the tree), so that editing the prose of this script or of the code it reads does not retrain (~21 min
+    the tree), so that editing the prose of this script or of the code it reads does not retrain (~20 min
     on an AVX2-only CPU) a model that would come out bitwise the same."""
     import ast
 
@@ -175,8 +176,9 @@ def reply_loss(model, ids, mask, rows, pos, prompt_weight: float = 0.0):
     import torch
 
     # No attention mask: padding is only ever on the right (`collate`), so under causal attention no real token
-    # sees it, and without a mask SDPA runs its causal kernel (~25% less time a step on an AVX2 CPU, the same
-    # loss). `mask` still says which tokens are real for the prompt loss below.
+    # sees it, and without a mask SDPA runs its causal kernel: the same loss, less time (AVX2-only EPYC: one
+    # served batch on one thread 2.6 s against 3.4; the whole build on 2 threads 1.09 s a step against 1.14).
+    # `mask` still says which tokens are real for the prompt loss below.
     hidden = model.model(input_ids=ids).last_hidden_state  # (B, L, H)
     real = pos > 0  # position 0 is padding (never a target)
     if not prompt_weight:

@@ -9,9 +9,9 @@ bench.json (per day and overall, the ordering check) and bench.png. Whether the 
 measurement (benchmarks/efficacy.py, docs/bench.md), not asserted here: one seed gives no interval, and
 this runs on the random tiny model (the suite's default), which cannot read the skills it is given.
 
-Five conditions take ~10 minutes on 2 cores of an AVX2-only CPU, a third of what CI has left after setup and
-`make test` there, so CI (`make test-cluster`) runs `baseline` and `full`, the condition with every stage,
-and all five run with issue 18's other bench runs (`make test-efficacy`).
+Five conditions take ~10 minutes on 2 cores of an AVX2-only CPU, so `make test-cluster` runs `baseline` and
+`full`, the condition with every stage (~3.5 minutes), and all five run with issue 18's other bench runs (`make
+test-efficacy`).
 """
 
 from __future__ import annotations
