@@ -59,9 +59,9 @@ model: $(MODEL)
 test: setup instruct-model agents
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not soak and not cluster and not efficacy" $(PYTEST_ARGS)
 
-# Whole-cluster simulations (each starts Ray clusters of its own in subprocesses): kept out of `make test`
-# so that stays under 40 minutes on 2 cores (~17 minutes on an AVX2-only CPU). CI (.ci/run) runs two of them, the
-# ones that guard `serve run` and state shared across hosts: all of them do not fit its 90 minutes there.
+# Whole-cluster simulations (each starts Ray clusters of its own in subprocesses; ~17 minutes on an AVX2-only CPU):
+# kept out of `make test` so that stays under 40 minutes on 2 cores. CI (.ci/run) runs two of them, the ones that
+# guard `serve run` and state shared across hosts: on an AVX2-only CPU not all of them fit its 90 minutes.
 test-cluster: setup instruct-model
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m cluster $(PYTEST_ARGS)
 
@@ -70,7 +70,7 @@ test-fast: setup
 
 # Issue 18's bench runs (~20 minutes). Does the loop help, the smaller version of `python -m benchmarks.efficacy`:
 # baseline < skills < full in mean accuracy over 3 seeds (~10 minutes; out of CI: its margins are a few points of
-# accuracy); and `clawray bench` with all five conditions end to end (~10 minutes; CI runs baseline and full).
+# accuracy); and `clawray bench` with all five conditions end to end (~10 minutes; `make test-cluster` runs baseline and full).
 test-efficacy: setup instruct-model
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m efficacy $(PYTEST_ARGS)
 

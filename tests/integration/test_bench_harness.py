@@ -78,7 +78,7 @@ def _check_afternoons(out, conds: tuple[str, ...]) -> None:
 
 @pytest.mark.cluster
 def test_bench_runs_baseline_and_full_on_fresh_systems(tmp_path):
-    """CI's run of `clawray bench`: nothing learns in `baseline`; `full` evolves skills at midday, re-samples
+    """`make test-cluster`'s run of `clawray bench`: nothing learns in `baseline`; `full` evolves skills at midday, re-samples
     GRPO groups through the engine in the evening, trains them and serves the adapter the next day."""
     proc, result, runs = _bench(tmp_path, "baseline,full")
     _check_days(runs, learning=("full",))
