@@ -3,7 +3,7 @@ failed runs reported, an output whose shape changed shown raw instead of crashin
 
 from __future__ import annotations
 
-from benchmarks.report import machine_info, render
+from benchmarks.report import _cpu_model, machine_info, render
 from benchmarks.run_all import BENCHES, Bench
 
 TRAINER = {"rows": [
@@ -102,6 +102,18 @@ def test_a_carried_section_names_the_machine_that_measured_it():
     assert note.endswith("--only trainer` on 2026-12-01, on Intel(R) Xeon(R) Processor)*"), note
 
 
+def test_a_carried_headline_names_the_machine_that_measured_it_once():
+    from benchmarks.run_all import earlier_headlines
+
+    previous = render([{"name": "trainer", "status": "ok", "wall_s": 1.0, "args": [], "log": "t.log",
+                        "outputs": {"trainer.json": TRAINER}}], {**machine_info(), "cpu": "Intel(R) Xeon(R) Processor"},
+                      quick=False, command="x")
+    kept = earlier_headlines(previous, {"efficacy"})
+    assert kept and all(h.endswith("<!-- trainer --> *(earlier run, on Intel(R) Xeon(R) Processor)*") for h in kept)
+    again = render([], {**machine_info(), "cpu": "AMD EPYC"}, quick=False, command="y", earlier_headlines=kept)
+    assert earlier_headlines(again, {"efficacy"}) == kept  # carried again: still the machine that measured it
+
+
 def test_the_efficacy_section_shows_the_table_the_claims_and_the_plot():
     from benchmarks.efficacy import markdown
 
@@ -120,12 +132,12 @@ def test_a_partial_run_keeps_the_headlines_of_what_it_did_not_redo():
     previous = render([{"name": "trainer", "status": "ok", "wall_s": 1.0, "args": [], "log": "t.log",
                         "outputs": {"trainer.json": TRAINER}}], machine_info(), quick=False, command="x")
     previous = previous.replace("## Headline ratios\n\n", "## Headline ratios\n\n- an untagged line of an old file\n")
-    assert earlier_headlines(previous, {"trainer"}) == ["- an untagged line of an old file"]
+    assert earlier_headlines(previous, {"trainer"}) == [f"- an untagged line of an old file *(earlier run, on {_cpu_model()})*"]
     kept = earlier_headlines(previous, {"efficacy"})
     assert any("GRPO training step" in h and "<!-- trainer -->" in h for h in kept) and len(kept) == len(
         [x for x in previous.splitlines() if x.startswith("- ")])
     text = render([], machine_info(), quick=False, command="y", earlier_headlines=kept)
-    assert "GRPO training step" in text and "*(earlier run)*" in text and "no benchmark produced results" not in text
+    assert "GRPO training step" in text and "*(earlier run, on " in text and "no benchmark produced results" not in text
 
 
 def test_the_efficacy_headline_gives_each_conditions_accuracy_and_each_claims_verdict():
