@@ -1,6 +1,6 @@
 """Does the loop help, on a smaller version of benchmarks/efficacy.py's run (issue 18): `clawray bench` with
 the instruction-following model, seeds 0-2 of baseline, skills and full, every run on a fresh system in a
-child process, as a user runs it (~10 minutes on 2 cores; `make test-efficacy`, not in CI).
+child process, as a user runs it (~16 minutes on 2 cores of an AVX2-only CPU; `make test-efficacy`, not in CI).
 
 Asserted: the mean accuracies are ordered baseline < skills < full, and no seed scores lower with skills
 than without. Not asserted: that each gap exceeds its 95% interval. Three seeds cannot show that here;
