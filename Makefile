@@ -68,9 +68,10 @@ test-cluster: setup instruct-model
 test-fast: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not soak and not cluster and not efficacy" $(PYTEST_ARGS)
 
-# Issue 18's bench runs (~26 minutes on an AVX2-only CPU). Does the loop help, the smaller version of `python -m benchmarks.efficacy`:
-# baseline < skills < full in mean accuracy over 3 seeds (~16 minutes there; out of CI: its margins are a few points of
-# accuracy); and `clawray bench` with all five conditions end to end (~10 minutes; `make test-cluster` runs baseline and full).
+# Issue 18's bench runs (~26 minutes on an AVX2-only CPU). Does the loop help, the smaller version of
+# `python -m benchmarks.efficacy`: baseline < skills < full in mean accuracy over 3 seeds (~16 minutes there; out of
+# CI: its margins are a few points of accuracy); and `clawray bench` with all five conditions end to end (~10
+# minutes; `make test-cluster` runs baseline and full).
 test-efficacy: setup instruct-model
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m efficacy $(PYTEST_ARGS)
 

@@ -279,7 +279,7 @@ def render(runs: list[dict[str, Any]], machine: dict[str, Any], *, quick: bool, 
            "## Machine", "", table(["", ""], [[k, v] for k, v in machine.items() if k != "date"]), "",
            "## Headline ratios", ""]
     heads = [f"- {h} {HEADLINE_TAG.format(name)}" for name, (_, hs) in sections.items() for h in hs]
-    heads += [f"{line} *(earlier run)*" if "*(earlier run" not in line else line for line in earlier_headlines or []]
+    heads += earlier_headlines or []  # already marked as earlier (run_all.earlier_headlines)
     out += heads or ["- (no benchmark produced results)"]
     out += ["", "## Runs", "", table(["benchmark", "status", "wall s", "arguments", "detail"], [
         [r["name"], r["status"], round(r.get("wall_s", 0)), " ".join(r.get("args") or []) or "—",

@@ -129,7 +129,7 @@ def _stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
 
 
 CARRIED = "*Not re-run by this invocation"
-EARLIER = "*(earlier run"  # how report.render marks a carried headline line
+EARLIER = "*(earlier run"  # ends a headline line carried from an earlier run
 
 
 def carried_over(previous: str, rerun: set[str]) -> str:
@@ -162,8 +162,8 @@ def previous_cpu(previous: str) -> str:
 def earlier_headlines(previous: str, rerun: set[str]) -> list[str]:
     """The headline lines of `previous` (an earlier RESULTS.md) whose benchmark this run did not redo. Each
     line names its benchmark in a trailing comment (report.HEADLINE_TAG); lines written before the tags
-    existed name none and are kept as they are. A line carried for the first time is marked with the CPU
-    that measured it (the Machine table will be this run's)."""
+    existed name none and are kept as they are. A line carried for the first time is marked as earlier, with
+    the CPU that measured it (the Machine table will be this run's); a marked line keeps its mark."""
     block = previous.split("## Headline ratios", 1)[1].split("\n## ", 1)[0] if "## Headline ratios" in previous else ""
     cpu = previous_cpu(previous)
     out = []
@@ -172,7 +172,7 @@ def earlier_headlines(previous: str, rerun: set[str]) -> list[str]:
             continue
         tag = re.search(r"<!-- (\S+) -->", line)
         if tag is None or tag.group(1) not in rerun:
-            out.append(line if EARLIER in line or not cpu else f"{line} {EARLIER}, on {cpu})*")
+            out.append(line if EARLIER in line else f"{line} {EARLIER}, on {cpu})*" if cpu else f"{line} {EARLIER})*")
     return out
 
 

@@ -3,7 +3,7 @@ failed runs reported, an output whose shape changed shown raw instead of crashin
 
 from __future__ import annotations
 
-from benchmarks.report import _cpu_model, machine_info, render
+from benchmarks.report import machine_info, render
 from benchmarks.run_all import BENCHES, Bench
 
 TRAINER = {"rows": [
@@ -130,14 +130,16 @@ def test_a_partial_run_keeps_the_headlines_of_what_it_did_not_redo():
     from benchmarks.run_all import earlier_headlines
 
     previous = render([{"name": "trainer", "status": "ok", "wall_s": 1.0, "args": [], "log": "t.log",
-                        "outputs": {"trainer.json": TRAINER}}], machine_info(), quick=False, command="x")
+                        "outputs": {"trainer.json": TRAINER}}], {**machine_info(), "cpu": "CPU A"}, quick=False, command="x")
     previous = previous.replace("## Headline ratios\n\n", "## Headline ratios\n\n- an untagged line of an old file\n")
-    assert earlier_headlines(previous, {"trainer"}) == [f"- an untagged line of an old file *(earlier run, on {_cpu_model()})*"]
+    assert earlier_headlines(previous, {"trainer"}) == ["- an untagged line of an old file *(earlier run, on CPU A)*"]
     kept = earlier_headlines(previous, {"efficacy"})
     assert any("GRPO training step" in h and "<!-- trainer -->" in h for h in kept) and len(kept) == len(
         [x for x in previous.splitlines() if x.startswith("- ")])
     text = render([], machine_info(), quick=False, command="y", earlier_headlines=kept)
-    assert "GRPO training step" in text and "*(earlier run, on " in text and "no benchmark produced results" not in text
+    assert "GRPO training step" in text and "*(earlier run, on CPU A)*" in text and "no benchmark produced results" not in text
+    no_cpu = previous.replace("| cpu | CPU A |\n", "")  # a file without a Machine CPU: still marked as earlier
+    assert earlier_headlines(no_cpu, {"trainer"}) == ["- an untagged line of an old file *(earlier run)*"]
 
 
 def test_the_efficacy_headline_gives_each_conditions_accuracy_and_each_claims_verdict():
