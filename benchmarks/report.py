@@ -233,12 +233,36 @@ def efficacy(data: dict[str, Any], md: str | None = None) -> Section:
                   f"{acc}; {claims}"]
 
 
+WHOLE_PATH_GOALS = {"added_p50_le_1.5ms": "≤ 1.5 ms added p50 at c=1", "rps_c16_ge_500": "≥ 500 req/s at c=16",
+                    "cpu_le_2ms": "≤ 2 ms server CPU per request"}
+
+
+def whole_path(data: dict[str, Any], md: str | None = None) -> Section:
+    """benchmarks/whole_path.py: its own tables; a headline per clawray path in front of the instant upstream
+    (added p50 at c=1, clawray's own share of it when `direct-skills` ran, req/s, CPU, the goals)."""
+    body = demote(md) if md else generic("whole_path", data)[0]
+    heads = []
+    for s in data["summary"]:
+        if s["engine"] != "instant" or not s["path"].startswith("clawray"):
+            continue
+        at = {k: {int(c): v for c, v in s[k].items()} for k in ("rps", "cpu_ms")}  # JSON keys are strings
+        rps = " / ".join(f"{at['rps'][c]:.0f}" for c in (1, 16, 64))
+        cpu = " / ".join(f"{at['cpu_ms'][c]:.2f}" for c in (1, 16, 64))
+        own = f" (clawray's own {s['own_p50_ms']:+.2f} ms over the same request sent directly)" if "own_p50_ms" in s else ""
+        goals = s.get("goals") or {}
+        verdict = "; ".join(f"{text} {'met' if goals[k] else 'missed'}" for k, text in WHOLE_PATH_GOALS.items() if k in goals)
+        heads.append(f"whole request path, {s['path']} (instant upstream, skills injected, capture on): "
+                     f"{s['added_p50_ms']:+.2f} ms added p50 at c=1{own}, {rps} req/s at c=1/16/64, {cpu} server CPU "
+                     f"ms per request" + (f" — {verdict}" if verdict else ""))
+    return body, heads
+
+
 RENDERERS: dict[str, Callable[..., Section]] = {
     "trainer": trainer, "trainer_floor": trainer_floor, "retrieval": retrieval, "proxy_overhead": proxy_overhead,
     "proxy_overhead-haproxy": proxy_overhead, "hotswap": hotswap, "window_efficiency": window_efficiency,
-    "scale_model": scale_model, "efficacy": efficacy,
+    "scale_model": scale_model, "efficacy": efficacy, "whole_path": whole_path,
 }
-WITH_MARKDOWN = {proxy_overhead, hotswap, efficacy}  # renderers that show the benchmark's own tables when it wrote them
+WITH_MARKDOWN = {proxy_overhead, hotswap, efficacy, whole_path}  # renderers that show the benchmark's own tables when it wrote them
 
 
 def generic(name: str, data: Any, md: str | None = None) -> Section:

@@ -5,12 +5,16 @@ not a test.
 Paths, each a server of its own (benchmarks/whole_path_servers.py), driven by one aiohttp client with
 non-streaming chat completions at concurrency 1, 16 and 64:
 - direct:   the client talks to the upstream itself (the baseline every "added" figure is against);
+- direct-skills: the client sends the upstream, itself, the request clawray would send it (the skills block
+            clawray's retrieval picks for it in the system prompt, and the capture fields `logprobs` and
+            `return_token_ids`): what the engine's extra work for an injected request costs without any
+            proxy. A clawray path's p50 over this one is clawray's own share of its "added";
 - floor:    a bare pass-through proxy (aiohttp server + aiohttp client): what Python costs at all;
 - litellm:  LiteLLM's proxy, one worker, in its own venv (.cache/bench-litellm, built on first use);
 - clawray:  the embedded default's layout (`configs/local.yaml`, co-located) with `engine.backend:
             upstream`, Serve's own HTTP proxy in front;
 - clawray-haproxy: the same with `proxy.http_ingress: haproxy` (Ray Serve's HAProxy ingress).
-clawray runs with skills injected (a seeded library: 9 skills, ~11 KB, go into every request) and capture
+clawray runs with skills injected (a seeded library: 6 skills, ~7.4 KB, go into every request) and capture
 on: each conversation is two requests (the second continues the first and ends the session), so every
 turn is stored, completed with its next state and delivered to the default sink (the JSON-lines file).
 The upstream is instant (a raw asyncio server answering like vLLM with token ids and logprobs), or with
@@ -39,16 +43,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "benchmarks" / "out"
 sys.path.insert(0, str(REPO))
-from benchmarks.whole_path_servers import KEY_ENV, REPLY_TEXT, litellm_command  # noqa: E402
+from benchmarks.whole_path_servers import KEY_ENV, REPLY_TEXT, UPSTREAM_MODEL, litellm_command, seed_skills  # noqa: E402
 
 CONCURRENCY = (1, 16, 64)
-PATHS = ("direct", "floor", "litellm", "clawray", "clawray-haproxy")
+Prepare = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+PATHS = ("direct", "direct-skills", "floor", "litellm", "clawray", "clawray-haproxy")
+CLIENT_SIDE = ("direct", "direct-skills")  # paths without a server of their own: the client talks to the upstream
 SYSTEM = "You are a helpful assistant for a busy person. Answer briefly and precisely."
 QUESTION = "Plan my day: three meetings at 9, 11 and 2 and a dentist appointment at 4. Move the dentist to the morning."
 FOLLOW_UP = "Thanks. Now reschedule the 11 o'clock meeting to the afternoon."
@@ -144,8 +151,9 @@ def _memory_mb(procs: list) -> dict[str, Any]:
 # ---- load ------------------------------------------------------------------------------------------------
 
 async def _load(url: str, c: int, duration: float, warmup: float, model: str, max_tokens: int,
-                echo: bool = False) -> dict[str, Any]:
-    """`c` workers run two-request conversations back to back; latencies of 2xx replies after warmup."""
+                echo: bool = False, prepare: Prepare | None = None) -> dict[str, Any]:
+    """`c` workers run two-request conversations back to back; latencies of 2xx replies after warmup.
+    `prepare`: what is done to each request body before it is timed and sent (`direct-skills`)."""
     import aiohttp
 
     lat: list[float] = []
@@ -178,6 +186,8 @@ async def _load(url: str, c: int, duration: float, warmup: float, model: str, ma
                     msgs = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": FOLLOW_UP}]
                     body, headers = {"model": model, "messages": msgs, "max_tokens": max_tokens}, {
                         **base, "X-Session-Done": "1"}
+                if prepare is not None:
+                    body = await prepare(body)
                 status, data, t0 = await post(http, body, headers)
                 t1 = time.perf_counter()
                 total += 1
@@ -198,6 +208,28 @@ async def _load(url: str, c: int, duration: float, warmup: float, model: str, ma
     return {"lat": lat, "errors": errors, "statuses": statuses, "total": total}
 
 
+def skills_preparer(workdir: Path) -> Prepare:
+    """`direct-skills`' request: the body with what clawray's Proxy adds before it calls the upstream, made
+    by clawray's own code over the same seeded library as the clawray servers (`seed_skills`), with the
+    embedded default's skills config: the retrieved skills block in the system prompt (serve/injection.py)
+    and the capture fields (serve/upstream_wire.py). Nothing else of the Proxy's work is done."""
+    from core.config import load_config
+    from serve.injection import SkillInjector
+    from serve.upstream_wire import Caps, upstream_payload
+
+    skills_dir = workdir / "direct-skills" / "skills"
+    seed_skills(skills_dir)
+    injector = SkillInjector.build(load_config(REPO / "configs" / "local.yaml").skills, skills_dir)
+
+    async def prepare(body: dict[str, Any]) -> dict[str, Any]:
+        body = {**body, "messages": list(body["messages"])}
+        if injector is not None:
+            await injector.inject_block(body, False)
+        return upstream_payload(body, UPSTREAM_MODEL, Caps())[0]
+
+    return prepare
+
+
 def _row(path: str, c: int, acc: dict[str, Any], duration: float) -> dict[str, Any]:
     lat = sorted(acc["lat"])
     q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else (lat or [float("nan")]) * 99
@@ -207,13 +239,14 @@ def _row(path: str, c: int, acc: dict[str, Any], duration: float) -> dict[str, A
 
 
 def measure(urls: dict[str, str], servers: dict[str, Server], engine: str, duration: float, rounds: int,
-            model: str, max_tokens: int) -> list[dict[str, Any]]:
+            model: str, max_tokens: int, prepares: dict[str, Prepare] | None = None) -> list[dict[str, Any]]:
     echo = engine != "instant"
+    prepares = prepares or {}
     import psutil
 
     me = psutil.Process()
-    for url in urls.values():  # first requests are slow (connections, a real engine's first generate)
-        asyncio.run(_load(url, 1, 2.0, 0.0, model, max_tokens, echo))
+    for path, url in urls.items():  # first requests are slow (connections, a real engine's first generate)
+        asyncio.run(_load(url, 1, 2.0, 0.0, model, max_tokens, echo, prepares.get(path)))
     rows = []
     for c in CONCURRENCY:
         acc = {p: {"lat": [], "errors": 0, "statuses": {}, "total": 0, "cpu": 0.0, "client": 0.0} for p in urls}
@@ -221,7 +254,7 @@ def measure(urls: dict[str, str], servers: dict[str, Server], engine: str, durat
             for path, url in urls.items():
                 procs = servers[path].processes() if path in servers else []
                 cpu0, own0 = _cpu_s(procs), sum(me.cpu_times()[:2])
-                r = asyncio.run(_load(url, c, duration / rounds, 0.3, model, max_tokens, echo))
+                r = asyncio.run(_load(url, c, duration / rounds, 0.3, model, max_tokens, echo, prepares.get(path)))
                 cpu1, own1 = _cpu_s(procs), sum(me.cpu_times()[:2])
                 a = acc[path]
                 a["lat"] += r["lat"]
@@ -279,7 +312,7 @@ def start_tiny_vllm(port: int) -> Server:
     # Both names: clients (and LiteLLM's route) ask for clawray-policy, clawray's upstream config for up-model.
     # 8192 of the model's 65536 positions: the injected skills alone are ~2,800 of its tokens.
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", cfg.model_path(),
-           "--served-model-name", "up-model", "clawray-policy", "--host", "127.0.0.1", "--port", str(port),
+           "--served-model-name", UPSTREAM_MODEL, "clawray-policy", "--host", "127.0.0.1", "--port", str(port),
            "--dtype", "float32", "--max-model-len", "8192", "--enforce-eager"]
     from serve.vllm_engine import vllm_private_dir, vllm_temp_env
 
@@ -304,7 +337,8 @@ def _wait_http(url: str, timeout_s: float = 240) -> None:
 # ---- report ----------------------------------------------------------------------------------------------
 
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per engine and path: added p50/p99 over direct at c=1, req/s at each c, CPU per request, goals."""
+    """Per engine and path: added p50/p99 over direct at c=1, req/s at each c, CPU per request, goals; for a
+    clawray path with `direct-skills` measured, its own share: p50 at c=1 over that of the request it sends."""
     by = {(r["engine"], r["path"], r["c"]): r for r in rows}
     out = []
     for engine, path in dict.fromkeys((r["engine"], r["path"]) for r in rows):
@@ -314,6 +348,9 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
              "rps": {c: by[(engine, path, c)]["rps"] for c in CONCURRENCY},
              "cpu_ms": {c: by[(engine, path, c)]["cpu_ms"] for c in CONCURRENCY},
              "errors": sum(by[(engine, path, c)]["errors"] for c in CONCURRENCY)}
+        skilled = by.get((engine, "direct-skills", 1))
+        if skilled is not None and path.startswith("clawray"):  # the same request at the engine, without clawray
+            s["own_p50_ms"] = p1["p50_ms"] - skilled["p50_ms"]
         if engine == "instant" and path.startswith("clawray"):
             s["goals"] = {"added_p50_le_1.5ms": s["added_p50_ms"] <= 1.5, "rps_c16_ge_500": s["rps"][16] >= 500,
                           "cpu_le_2ms": max(s["cpu_ms"].values()) <= 2.0}
@@ -325,13 +362,21 @@ def markdown(summ: list[dict[str, Any]], rows: list[dict[str, Any]], memory: dic
     lines = [f"# Whole request path ({meta['duration_s']} s per point in {meta['rounds']} rounds, {meta['cores']} "
              f"cores, load average {meta['load_start']:.1f} at start, {meta['load_end']:.1f} at the end)", ""]
     for engine in dict.fromkeys(s["engine"] for s in summ):
+        these = [x for x in summ if x["engine"] == engine]
+        own = any("own_p50_ms" in x for x in these)
         lines += [f"## {engine} upstream", "",
-                  "| path | added p50 / p99, c=1 | req/s c=1 / 16 / 64 | server CPU ms/req c=1 / 16 / 64 | errors |",
-                  "|---|---|---|---|---|"]
-        for s in (x for x in summ if x["engine"] == engine):
+                  "| path | added p50 / p99, c=1 |" + (" of which clawray's own, p50 c=1 |" if own else "")
+                  + " req/s c=1 / 16 / 64 | server CPU ms/req c=1 / 16 / 64 | errors |",
+                  "|---|---|" + ("---|" if own else "") + "---|---|---|"]
+        for s in these:
             added = "—" if s["path"] == "direct" else f"{s['added_p50_ms']:+.2f} / {s['added_p99_ms']:+.2f} ms"
-            lines.append(f"| {s['path']} | {added} | " + " / ".join(f"{s['rps'][c]:.0f}" for c in CONCURRENCY)
+            mine = (f" {s['own_p50_ms']:+.2f} ms |" if "own_p50_ms" in s else " — |") if own else ""
+            lines.append(f"| {s['path']} | {added} |{mine} " + " / ".join(f"{s['rps'][c]:.0f}" for c in CONCURRENCY)
                          + " | " + " / ".join(f"{s['cpu_ms'][c]:.2f}" for c in CONCURRENCY) + f" | {s['errors']} |")
+        if own:
+            lines += ["", "direct-skills: the client sends the upstream itself what clawray would send it (the retrieved "
+                      "skills block, the capture fields). Its \"added\" is the engine's extra work for the injected "
+                      "request; a clawray path's own share is its p50 over direct-skills'."]
         lines.append("")
     lines += ["| path | c | p50 ms | p99 ms | req/s | server CPU ms/req | client CPU ms/req |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['engine']}/{r['path']} | {r['c']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['rps']:.1f} | "
@@ -345,11 +390,12 @@ def markdown(summ: list[dict[str, Any]], rows: list[dict[str, Any]], memory: dic
 
 
 def _phase(engine: str, upstream: str, paths: list[str], workdir: Path, args, memory: dict) -> list[dict]:
-    servers, urls = start_proxies(upstream, [p for p in paths if p != "direct"], workdir)
+    servers, urls = start_proxies(upstream, [p for p in paths if p not in CLIENT_SIDE], workdir)
     try:
-        urls = {"direct": upstream + "/chat/completions", **urls} if "direct" in paths else urls
+        urls = {**{p: upstream + "/chat/completions" for p in CLIENT_SIDE if p in paths}, **urls}
+        prepares = {"direct-skills": skills_preparer(workdir)} if "direct-skills" in paths else {}
         model, max_tokens = "clawray-policy", 8
-        rows = measure(urls, servers, engine, args.duration, args.rounds, model, max_tokens)
+        rows = measure(urls, servers, engine, args.duration, args.rounds, model, max_tokens, prepares)
         if not memory:  # after the load, once per run
             memory.update({p: _memory_mb(s.processes()) for p, s in servers.items()})
         return rows

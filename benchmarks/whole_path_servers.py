@@ -23,6 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 KEY_ENV = "CLAWRAY_BENCH_API_KEY"
 REPLY_TEXT = "Dentist moved to 8:30; the meetings stay where they are."
+UPSTREAM_MODEL = "up-model"  # the model name clawray's upstream endpoint asks for (the tiny vLLM serves it too)
 RESPONSE_LEN = 16  # sampled tokens per reply (ids + logprobs, as vLLM returns them when asked)
 LITELLM_VENV = REPO / ".cache" / "bench-litellm"
 LITELLM_PIN = "litellm[proxy]==1.106.12"  # 1.108+ moved the proxy into a package the index lacks; 1.107.0 was compromised
@@ -131,9 +132,11 @@ def litellm_command(port: int, upstream: str, workdir: Path) -> tuple[list[str],
 
 # ---- clawray in upstream mode -------------------------------------------------------------------------------
 
-def _seed_skills(skills_dir: Path, n_general: int = 24, n_task: int = 12) -> None:
-    """A library whose template retrieval injects 6 general + 3 task skills (~11 KB) into every request of
-    the benchmark's planning conversation: what a grown library costs a request."""
+def seed_skills(skills_dir: Path, n_general: int = 24, n_task: int = 12) -> None:
+    """A library whose template retrieval injects 6 general skills (~7.4 KB) into every request of the
+    benchmark's planning conversation: what a grown library costs a request. The 12 task skills ("scheduling")
+    are never picked: evolve/text.py's keyword typing calls the first question file_operations ("Move the
+    dentist") and the follow-up productivity. Kept as it is, so that runs stay comparable."""
     from core.config import SkillsConfig
     from core.contracts import Skill
     from evolve.bank import SkillBank
@@ -158,7 +161,7 @@ def serve_clawray(port: int, upstream: str, ingress: str) -> None:
 
     storage = Path(tempfile.mkdtemp(prefix="clawray-wholepath-"))
     cfg = load_config(REPO / "configs" / "local.yaml")
-    ep = UpstreamEndpoint(base_url=upstream, model="up-model")
+    ep = UpstreamEndpoint(base_url=upstream, model=UPSTREAM_MODEL)
     cfg = cfg.model_copy(update={
         "storage_root": str(storage),
         "engine": cfg.engine.model_copy(update={"backend": "upstream", "upstream": ep}),
@@ -166,7 +169,7 @@ def serve_clawray(port: int, upstream: str, ingress: str) -> None:
                                               "port": port, "http_ingress": ingress}),
     })
     os.environ.update(ingress_env(cfg))  # before Ray starts, as `clawray start` does
-    _seed_skills(storage / "skills")
+    seed_skills(storage / "skills")
     ray.init(address="local", num_cpus=cfg.ray.num_cpus, include_dashboard=cfg.ray.include_dashboard,
              namespace=cfg.ray.namespace, log_to_driver=False, configure_logging=False,
              _system_config=local_system_config(cfg.ray.prestart_workers),  # as `clawray start` starts its cluster

@@ -152,3 +152,49 @@ def test_the_efficacy_headline_gives_each_conditions_accuracy_and_each_claims_ve
                                          "holds": False}]}, "# efficacy\n\ntable")
     assert head.startswith("does the loop help (clawray-mini, tiny-instruct, 3 seeds): accuracy baseline 0.400")
     assert "baseline < skills does not hold (gap +0.000, CI 0.060)" in head
+
+
+def _whole_path_rows() -> list[dict]:
+    """benchmarks/whole_path.py's rows for one engine: direct, direct-skills and one clawray path."""
+    p50 = {"direct": 0.5, "direct-skills": 0.7, "clawray-haproxy": 2.4}
+    return [{"engine": "instant", "path": path, "c": c, "n": 100, "errors": 0, "error_statuses": {},
+             "rps": {1: 400.0, 16: 520.0, 64: 560.0}[c] if path.startswith("clawray") else 3000.0,
+             "p50_ms": p50[path] * (1 if c == 1 else c), "p99_ms": 3 * p50[path],
+             "cpu_ms": {1: 2.3, 16: 1.9, 64: 1.8}[c] if path.startswith("clawray") else 0.0, "client_cpu_ms": 0.3}
+            for c in (1, 16, 64) for path in p50]
+
+
+def test_whole_path_splits_clawrays_own_share_from_the_engines_work_for_the_injected_request():
+    import json
+
+    from benchmarks.report import whole_path
+    from benchmarks.whole_path import markdown, summary
+
+    summ = summary(_whole_path_rows())
+    by = {s["path"]: s for s in summ}
+    assert round(by["direct-skills"]["added_p50_ms"], 6) == 0.2  # the engine's extra work, no proxy
+    assert round(by["clawray-haproxy"]["added_p50_ms"], 6) == 1.9
+    assert round(by["clawray-haproxy"]["own_p50_ms"], 6) == 1.7  # over the same request sent directly
+    assert "own_p50_ms" not in by["direct"] and "own_p50_ms" not in by["direct-skills"]
+    assert by["clawray-haproxy"]["goals"] == {"added_p50_le_1.5ms": False, "rps_c16_ge_500": True, "cpu_le_2ms": False}
+    meta = {"duration_s": 6, "rounds": 3, "cores": 2, "load_start": 0.5, "load_end": 0.7}
+    md = markdown(summ, _whole_path_rows(), {}, meta)
+    assert "| clawray-haproxy | +1.90 / +5.70 ms | +1.70 ms | 400 / 520 / 560 |" in md
+    assert "| direct-skills | +0.20 / +0.60 ms | — |" in md
+    data = json.loads(json.dumps({"summary": summ}))  # as run_all reads it back: the keys of rps/cpu_ms are strings
+    body, heads = whole_path(data, md)
+    assert "### instant upstream" in body
+    assert heads == ["whole request path, clawray-haproxy (instant upstream, skills injected, capture on): +1.90 ms added "
+                     "p50 at c=1 (clawray's own +1.70 ms over the same request sent directly), 400 / 520 / 560 req/s at "
+                     "c=1/16/64, 2.30 / 1.90 / 1.80 server CPU ms per request — ≤ 1.5 ms added p50 at c=1 missed; ≥ 500 "
+                     "req/s at c=16 met; ≤ 2 ms server CPU per request missed"]
+
+
+def test_whole_path_without_direct_skills_has_no_own_share_column():
+    from benchmarks.whole_path import markdown, summary
+
+    rows = [r for r in _whole_path_rows() if r["path"] != "direct-skills"]
+    summ = summary(rows)
+    assert all("own_p50_ms" not in s for s in summ)
+    md = markdown(summ, rows, {}, {"duration_s": 6, "rounds": 3, "cores": 2, "load_start": 0.5, "load_end": 0.7})
+    assert "clawray's own" not in md and "| clawray-haproxy | +1.90 / +5.70 ms | 400 / 520 / 560 |" in md
