@@ -84,8 +84,11 @@ def _check_content(where: str, content: Any, known: frozenset[str], what: str) -
         _check_type(f"{where}[{j}]", part, known, what)
 
 
-def _check_tools(body: dict[str, Any]) -> None:
-    """`tools`, when sent, is an array of tool objects (all three APIs)."""
+def _check_tools(body: dict[str, Any], chat: bool = False) -> None:
+    """`tools`, when sent, is an array of tool objects (all three APIs). A chat completions function tool
+    (`type` "function", vLLM's default when absent) has a `function` object with a string `name`: vLLM's
+    own check of `tool_choice` reads `tool["function"]["name"]` before its schema does, and a tool without
+    one was a KeyError there, a 500 (found by the CI fuzz run). Other tool types are the engine's to judge."""
     tools = body.get("tools")
     if tools is None:
         return
@@ -94,6 +97,20 @@ def _check_tools(body: dict[str, Any]) -> None:
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
             raise RequestError(f"tools[{i}] must be an object")
+        if chat and tool.get("type", "function") == "function":
+            _check_function_tool(f"tools[{i}]", tool)
+
+
+def _check_function_tool(where: str, tool: dict[str, Any]) -> None:
+    function = tool.get("function")
+    if function is None:
+        raise RequestError(f"Missing required parameter: '{where}.function'.")  # OpenAI's words
+    if not isinstance(function, dict):
+        raise RequestError(f"{where}.function must be an object")
+    if function.get("name") is None:
+        raise RequestError(f"Missing required parameter: '{where}.function.name'.")
+    if not isinstance(function["name"], str):
+        raise RequestError(f"{where}.function.name must be a string")
 
 
 def _check_model(body: dict[str, Any]) -> None:
@@ -108,7 +125,7 @@ def check_chat(body: dict[str, Any]) -> None:
     """OpenAI chat completions: `messages`, each with a known role and known content part types."""
     require_messages(body)
     _check_model(body)
-    _check_tools(body)
+    _check_tools(body, chat=True)
     for i, m in enumerate(body["messages"]):
         if m["role"] not in OPENAI_ROLES:
             raise RequestError(f"messages[{i}].role: invalid value {m['role']!r}. "

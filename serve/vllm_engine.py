@@ -310,6 +310,8 @@ def _validate(model: Any, body: dict[str, Any]) -> Any:
         raise EngineRequestError(400, _first_error(e)) from None
     except _client_errors() as e:  # vLLM's own validators raise VLLMClientError
         raise EngineRequestError(400, str(e)) from None
+    except KeyError as e:  # a "before" validator indexing the client's raw JSON (vLLM's check_tool_usage did)
+        raise EngineRequestError(400, f"the request is malformed: a required field is missing ({e})") from None
 
 
 def _client_errors() -> tuple[type[Exception], ...]:

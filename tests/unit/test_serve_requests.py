@@ -124,6 +124,39 @@ def test_chat_roles_and_part_types_as_openai_checks_them():
     assert "'messages' is required" in _refused(check_chat, {})
 
 
+
+# Sent by schemathesis in CI (tests/integration/test_fuzz.py, 2026-12-06), trimmed to what mattered: a function
+# tool without a name, and a tool_choice naming a function. vLLM's `check_tool_usage` (a "before" validator)
+# read tool["function"]["name"] and raised KeyError, which is no ValidationError: a 500.
+NAMELESS_TOOL = {"messages": [{"role": "user", "content": "hi"}],
+                 "tools": [{"\u0003pgV": {}, "type": "function", "function": {"description": ""}}],
+                 "tool_choice": {"function": {"name": "\u00f1\udb51\udd13"}, "": "x"}}
+
+
+def test_a_chat_function_tool_needs_a_function_object_with_a_name_as_openai_checks_it():
+    check_chat({"messages": [{"role": "user", "content": "hi"}],
+                "tools": [{"type": "function", "function": {"name": "get_time", "parameters": {}}},
+                          {"type": "custom", "custom": {"name": "grammar"}}]})  # other tool types: the engine's
+    assert _refused(check_chat, NAMELESS_TOOL) == "Missing required parameter: 'tools[0].function.name'."
+    assert _refused(check_chat, {**NAMELESS_TOOL, "tools": [{"type": "function"}]}) == (
+        "Missing required parameter: 'tools[0].function'.")
+    assert _refused(check_chat, {**NAMELESS_TOOL, "tools": [{"function": {"name": 7}}]}) == (
+        "tools[0].function.name must be a string")
+    assert _refused(check_chat, {**NAMELESS_TOOL, "tools": [{"type": "function", "function": "f"}]}) == (
+        "tools[0].function must be an object")
+
+
+def test_the_engines_validation_of_a_malformed_tool_is_a_400_not_a_crash():
+    """Behind the Proxy's checks too (the engine deployment takes requests from a Proxy of another version)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    from serve.protocol import EngineRequestError
+    from serve.vllm_engine import _validate
+
+    with pytest.raises(EngineRequestError) as e:
+        _validate(ChatCompletionRequest, {**NAMELESS_TOOL, "model": "m"})
+    assert e.value.status == 400 and e.value.message == "the request is malformed: a required field is missing ('name')"
+
 def test_anthropic_roles_and_block_types_as_anthropic_checks_them():
     ok = {"messages": [
         {"role": "user", "content": "hi"},
