@@ -88,7 +88,10 @@ def _check_tools(body: dict[str, Any], chat: bool = False) -> None:
     """`tools`, when sent, is an array of tool objects (all three APIs). A chat completions function tool
     (`type` "function", vLLM's default when absent) has a `function` object with a string `name`: vLLM's
     own check of `tool_choice` reads `tool["function"]["name"]` before its schema does, and a tool without
-    one was a KeyError there, a 500 (found by the CI fuzz run). Other tool types are the engine's to judge."""
+    one was a KeyError there, a 500 (found by the CI fuzz run). The engine now answers that with a 400 too
+    (serve/vllm_engine.py `_validate`), but a vLLM *upstream* of an older version still answers 500, which
+    upstream mode retries as transient and then reports as a 502: refused here, it is one clean 400 whatever
+    the engine. Other tool types are the engine's to judge."""
     tools = body.get("tools")
     if tools is None:
         return

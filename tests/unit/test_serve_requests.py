@@ -124,7 +124,6 @@ def test_chat_roles_and_part_types_as_openai_checks_them():
     assert "'messages' is required" in _refused(check_chat, {})
 
 
-
 # Sent by schemathesis in CI (tests/integration/test_fuzz.py, 2026-12-06), trimmed to what mattered: a function
 # tool without a name, and a tool_choice naming a function. vLLM's `check_tool_usage` (a "before" validator)
 # read tool["function"]["name"] and raised KeyError, which is no ValidationError: a 500.
@@ -156,6 +155,7 @@ def test_the_engines_validation_of_a_malformed_tool_is_a_400_not_a_crash():
     with pytest.raises(EngineRequestError) as e:
         _validate(ChatCompletionRequest, {**NAMELESS_TOOL, "model": "m"})
     assert e.value.status == 400 and e.value.message == "the request is malformed: a required field is missing ('name')"
+
 
 def test_anthropic_roles_and_block_types_as_anthropic_checks_them():
     ok = {"messages": [
