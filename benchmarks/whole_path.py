@@ -12,8 +12,9 @@ non-streaming chat completions at concurrency 1, 16 and 64:
 - floor:    a bare pass-through proxy (aiohttp server + aiohttp client): what Python costs at all;
 - litellm:  LiteLLM's proxy, one worker, in its own venv (.cache/bench-litellm, built on first use);
 - clawray:  the embedded default's layout (`configs/local.yaml`, co-located) with `engine.backend:
-            upstream`, Serve's own HTTP proxy in front;
-- clawray-haproxy: the same with `proxy.http_ingress: haproxy` (Ray Serve's HAProxy ingress).
+            upstream`, Serve's own HTTP proxy in front (`proxy.http_ingress: serve`);
+- clawray-haproxy: the same with `proxy.http_ingress: haproxy` (Ray Serve's HAProxy ingress, run through
+            clawray's loopback wrapper): what the embedded default (`auto`) serves with since 2026-12-07.
 clawray runs with skills injected (a seeded library: 6 skills, ~7.4 KB, go into every request) and capture
 on: each conversation is two requests (the second continues the first and ends the session), so every
 turn is stored, completed with its next state and delivered to the default sink (the JSON-lines file).

@@ -81,7 +81,9 @@ def start(config: ConfigOpt = None) -> None:
     with console.status("starting clawray…") as status:
         if cfg.ray.address is None:
             status.update("starting a local Ray head")
-            info = start_head(cfg, {**runtime_env_vars(cfg), **ingress_env(cfg)})
+            ingress = ingress_env(cfg)
+            info = start_head(cfg, {**runtime_env_vars(cfg), **ingress})
+            os.environ.update(ingress)  # this process deploys the app: its checks see the head's ingress
             cfg = cfg.model_copy(update={"ray": cfg.ray.model_copy(update={"address": f"127.0.0.1:{info['port']}"})})
         system = start_system(cfg, detached=True, progress=lambda m: status.update(m))
     console.print(f"[green]clawray is up[/] (mode {cfg.scheduler.mode}): {system.base_url}/v1")

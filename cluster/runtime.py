@@ -49,11 +49,13 @@ def start_ray(cfg: ClawrayConfig):
 
     from cluster.serve_app import ingress_env
 
-    env = runtime_env_vars(cfg)
-    if not ray.is_initialized() and cfg.ray.address is None:
-        env.update(ingress_env(cfg))  # the cluster we start: Serve reads its ingress settings at start
-    for k, v in env.items():
+    for k, v in runtime_env_vars(cfg).items():
         os.environ.setdefault(k, v)  # inherited by local workers; RAY_TRAIN_V2 must precede imports
+    if not ray.is_initialized() and cfg.ray.address is None:
+        # The cluster we start: Serve reads its ingress settings at start. They win over what the env has
+        # (a stale folder of an earlier start; an operator's HAProxy binary is wrapped, not bypassed), except
+        # the tunables that ingress_env leaves to the operator.
+        os.environ.update(ingress_env(cfg))
     if not ray.is_initialized():
         ray.init(
             # "local": always a new cluster of our own, never an unrelated `ray start` on this machine.

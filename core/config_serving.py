@@ -173,9 +173,12 @@ class ProxyConfig(Section):
     ingress: Literal["every_node", "head_only"] = "every_node"
     # What takes HTTP in front of the replicas: Serve's own HTTP proxy (a Python actor: ~4-6 ms of CPU per
     # request on 2 cores), or Ray Serve's HAProxy ingress (`haproxy`: RAY_SERVE_ENABLE_HA_PROXY, set by
-    # clawray before Ray starts), several times faster. HAProxy opens a stats page and a metrics port on
-    # all interfaces without authentication (Ray 2.60), so it is opt-in: docs/serving.md "Ingress".
-    http_ingress: Literal["serve", "haproxy"] = "serve"
+    # clawray before Ray starts), several times faster. clawray runs HAProxy with the stats page and metrics
+    # port it opens on all interfaces moved to loopback (cluster/haproxy_loopback.py). `auto`: HAProxy on a
+    # cluster clawray starts itself (the embedded runtime, `clawray start`) when `host` is loopback and the
+    # HAProxy binary is there, Serve's proxy otherwise; a cluster clawray joins keeps what it was started
+    # with. docs/serving.md "Ingress".
+    http_ingress: Literal["auto", "serve", "haproxy"] = "auto"
     # With `haproxy`: Serve's own per-request HTTP metrics (serve_num_http_requests, latency). HAProxy sends a
     # log line per request that Serve's HAProxy manager parses in Python (~0.13 ms of CPU per request on 2
     # cores, ~0.1 ms of latency); clawray's own request metrics (clawray_proxy_requests_total, latency) are

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from serve.turns import RequestError
 
@@ -99,3 +99,29 @@ def client_fingerprint(request: Request) -> str:
     kf = hashlib.sha256(key.encode()).hexdigest()[:16] if key else "-"
     host = request.client.host if request.client else "-"
     return f"{kf}|{host}|{request.headers.get('user-agent', '-')}"
+
+
+class LastEvent(str):
+    """A stream's final event (`EventStream`): sent with the end of the response."""
+
+
+class EventStream(StreamingResponse):
+    """Starlette's StreamingResponse, except that a `LastEvent` goes out with `more_body: False`, so uvicorn
+    writes it and the chunked encoding's terminator in one write. Starlette sends the last event and then
+    an empty end of body, two writes: a client that stops at the final event ([DONE]) and closes the
+    connection, as Hermes does, raced the terminator, and behind HAProxy it lost (its exchanges ended cut off,
+    tests/integration/test_agents_live.py), and a client that does read it waits for a second segment before
+    it can reuse the connection. Hand-written: Starlette has no way to mark a body chunk as the last."""
+
+    async def stream_response(self, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async for chunk in self.body_iterator:
+            last = isinstance(chunk, LastEvent)
+            body = chunk if isinstance(chunk, bytes | memoryview) else chunk.encode(self.charset)
+            await send({"type": "http.response.body", "body": body, "more_body": not last})
+            if last:
+                close = getattr(self.body_iterator, "aclose", None)
+                if close is not None:  # nothing follows the last event; let the generator finish now
+                    await close()
+                return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

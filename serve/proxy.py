@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, RayServeException
@@ -39,6 +39,8 @@ from serve.context_manager import ContextManager
 from serve.history import read_history
 from serve.hot_routes import HotRoutes, register
 from serve.http import (
+    EventStream,
+    LastEvent,
     anthropic_error,
     client_fingerprint,
     key_matches,
@@ -224,7 +226,7 @@ class ProxyImpl:
         return response
 
     async def _stream(self, body: dict, meta: TurnMeta, skills: list[str], generation: int,
-                      api: Api, t0: float, block: str = "") -> StreamingResponse:
+                      api: Api, t0: float, block: str = "") -> EventStream:
         route = api.name
         if self._stream_engine is None:
             self._stream_engine = self.engine.options(stream=True)
@@ -265,11 +267,11 @@ class ProxyImpl:
                     gen.cancel()  # the client went away: stop generating
                 self._observe(route, status, t0)
             if held is not None and status == 200:
-                yield held
+                yield LastEvent(held)  # with the response's end, in one write (serve/http.py EventStream)
 
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Session-Id": meta.session_id,
                    **self.headers}
-        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+        return EventStream(events(), media_type="text/event-stream", headers=headers)
 
 
 def _retry_after(response: JSONResponse, seconds: int | None) -> JSONResponse:

@@ -68,8 +68,25 @@ def test_proxy_beyond_loopback_refuses_to_start_without_a_key():
         check_serving_config(cfg, env={})
     check_serving_config(cfg, env={"CLAWRAY_API_KEY": "k"})  # with a key it may start
     check_serving_config(_cfg(), env={})  # loopback without a key is allowed
-    with pytest.raises(ConfigError, match="all interfaces"):  # ... unless HAProxy opens the replicas
+    with pytest.raises(ConfigError, match="all interfaces"):  # ... unless Ray's HAProxy opens its stats page
         check_serving_config(_cfg(), env={"RAY_SERVE_ENABLE_HA_PROXY": "1"})
+
+
+def test_haproxy_without_a_key_needs_clawrays_strict_loopback_wrapper(tmp_path):
+    from cluster.haproxy_loopback import write_wrapper
+    from cluster.serve_app import check_serving_config
+
+    strict = write_wrapper(tmp_path, "/bin/true", [1, 2], strict=True)
+    haproxy = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_BINARY_PATH": str(strict)}
+    check_serving_config(_cfg(), env=haproxy)
+    check_serving_config(_cfg(PROXY__HTTP_INGRESS="haproxy"), env={"RAY_SERVE_HAPROXY_BINARY_PATH": str(strict)})
+    (tmp_path / "lax").mkdir()
+    lax = write_wrapper(tmp_path / "lax", "/bin/true", [1, 2], strict=False)
+    for env in ({**haproxy, "RAY_SERVE_HAPROXY_BINARY_PATH": str(lax)}, {"RAY_SERVE_ENABLE_HA_PROXY": "1"}):
+        with pytest.raises(ConfigError, match="all interfaces"):
+            check_serving_config(_cfg(), env=env)
+    with pytest.raises(ConfigError, match="not loopback"):  # beyond loopback a key is needed anyway
+        check_serving_config(_cfg(PROXY__HOST="0.0.0.0"), env=haproxy)
 
 
 def test_upstream_mode_checks_its_url_and_key_env():
@@ -146,18 +163,25 @@ def test_the_app_builder_never_builds_the_tiny_model(tmp_path):
 
 
 def test_the_haproxy_ingress_key_keeps_haproxys_files_private_and_its_ports_free():
-    import os
+    import shutil
     import socket
     import stat
     from pathlib import Path
 
+    from cluster.haproxy_loopback import is_strict_wrapper
     from cluster.serve_app import ingress_env
 
-    assert ingress_env(_cfg()) == {}  # Serve's own HTTP proxy: nothing to set
-    env = ingress_env(_cfg(PROXY__HTTP_INGRESS="haproxy"))
+    assert ingress_env(_cfg(PROXY__HTTP_INGRESS="serve")) == {}  # Serve's own HTTP proxy: nothing to set
+    assert ingress_env(_cfg(PROXY__HOST="0.0.0.0")) == {}  # auto: HAProxy only with a loopback host
+    env = ingress_env(_cfg())  # auto, loopback: HAProxy
     assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
     private = Path(env["RAY_SERVE_HAPROXY_SOCKET_PATH"]).parent
     try:
+        # Served through clawray's wrapper, strict: every HAProxy listener on loopback.
+        wrapper = Path(env["RAY_SERVE_HAPROXY_BINARY_PATH"])
+        assert wrapper.parent == private and is_strict_wrapper(str(wrapper))
+        assert f"--ports {env['RAY_SERVE_HAPROXY_STATS_PORT']},{env['RAY_SERVE_HAPROXY_METRICS_PORT']}" in (
+            wrapper.read_text())
         # Ray's default folder is /tmp/haproxy-serve, shared by every user, with an admin socket of mode 666.
         assert stat.S_IMODE(private.stat().st_mode) == 0o700 and private != Path("/tmp/haproxy-serve")
         for name in ("CONFIG_FILE_LOC", "SERVER_STATE_FILE", "METRICS_SOCKET_PATH"):
@@ -168,7 +192,7 @@ def test_the_haproxy_ingress_key_keeps_haproxys_files_private_and_its_ports_free
             with socket.socket() as s:
                 s.bind(("127.0.0.1", int(env[f"RAY_SERVE_HAPROXY_{name}"])))
     finally:
-        os.rmdir(private)
+        shutil.rmtree(private)
 
 
 def test_haproxys_request_metrics_are_off_and_its_threads_fit_the_host_unless_the_env_says_otherwise(monkeypatch):
@@ -194,6 +218,11 @@ def test_haproxys_request_metrics_are_off_and_its_threads_fit_the_host_unless_th
         mine = ingress_env(_cfg(PROXY__HTTP_INGRESS="haproxy"))
         made.append(mine)
         assert "RAY_SERVE_HAPROXY_METRICS_ENABLED" not in mine and "RAY_SERVE_HAPROXY_NBTHREAD" not in mine
+        # One node's HAProxy (a loopback host) deregisters a stopping replica at once: no 30 s drain.
+        assert mine["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "2"
+        wide = ingress_env(_cfg(PROXY__HTTP_INGRESS="haproxy", PROXY__HOST="0.0.0.0"))
+        made.append(wide)
+        assert "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S" not in wide  # other nodes' HAProxies: Serve's
     finally:
         for e in made:
             shutil.rmtree(Path(e["RAY_SERVE_HAPROXY_SOCKET_PATH"]).parent, ignore_errors=True)
@@ -264,3 +293,38 @@ def test_each_haproxy_start_removes_the_folder_an_earlier_cluster_left_behind(mo
         shutil.rmtree(left, ignore_errors=True)
         if env:
             shutil.rmtree(Path(env["RAY_SERVE_HAPROXY_SOCKET_PATH"]).parent, ignore_errors=True)
+
+
+def test_a_streams_last_event_goes_out_with_the_end_of_the_response():
+    """serve/http.py `EventStream`: the final event ([DONE]) and the end of the body are one ASGI message, so
+    uvicorn writes them (and the chunked terminator) at once; a client that closes at [DONE] no longer races
+    the terminator (Hermes behind HAProxy did, and its exchanges ended cut off)."""
+    from serve.http import EventStream, LastEvent
+
+    closed = []
+
+    async def events():
+        try:
+            yield "data: a\n\n"
+            yield b"data: b\n\n"
+            yield LastEvent("data: [DONE]\n\n")
+            yield "never sent"
+        finally:
+            closed.append(True)
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(EventStream(events(), media_type="text/event-stream").stream_response(send))
+    assert [(m.get("body"), m.get("more_body")) for m in sent[1:]] == [
+        (b"data: a\n\n", True), (b"data: b\n\n", True), (b"data: [DONE]\n\n", False)]
+    assert closed == [True]
+
+    async def plain():
+        yield "data: a\n\n"
+
+    sent.clear()
+    asyncio.run(EventStream(plain()).stream_response(send))  # no last event: Starlette's empty end of body
+    assert [(m.get("body"), m.get("more_body")) for m in sent[1:]] == [(b"data: a\n\n", True), (b"", False)]
