@@ -101,6 +101,13 @@ def client_fingerprint(request: Request) -> str:
     return f"{kf}|{host}|{request.headers.get('user-agent', '-')}"
 
 
+def with_retry_after(response: JSONResponse, seconds: int | None) -> JSONResponse:
+    """A refusal that passes (the engine sleeps while a run trains on its GPU) says when to come back."""
+    if seconds is not None:
+        response.headers["Retry-After"] = str(seconds)
+    return response
+
+
 class LastEvent(str):
     """A stream's final event (`EventStream`): sent with the end of the response."""
 

@@ -47,6 +47,7 @@ from serve.http import (
     openai_error,
     presented_key,
     read_json_body,
+    with_retry_after,
 )
 from serve.injection import SkillInjector
 from serve.memory_injection import MemoryInjector, run_admin
@@ -214,7 +215,7 @@ class ProxyImpl:
         except RequestError as e:
             return self._failed(route, t0, error(e.status, str(e)))
         except EngineRequestError as e:
-            return self._failed(route, t0, _retry_after(error(e.status, e.message), e.retry_after_s))
+            return self._failed(route, t0, with_retry_after(error(e.status, e.message), e.retry_after_s))
         except UNAVAILABLE as e:
             log.warning("engine unavailable: %s", type(e).__name__)
             return self._failed(route, t0, error(503, "the engine is unavailable; retry shortly"))
@@ -272,13 +273,6 @@ class ProxyImpl:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Session-Id": meta.session_id,
                    **self.headers}
         return EventStream(events(), media_type="text/event-stream", headers=headers)
-
-
-def _retry_after(response: JSONResponse, seconds: int | None) -> JSONResponse:
-    """A refusal that passes (the engine sleeps while a run trains on its GPU) says when to come back."""
-    if seconds is not None:
-        response.headers["Retry-After"] = str(seconds)
-    return response
 
 
 @serve.deployment(name=names.PROXY, max_ongoing_requests=512)
