@@ -105,3 +105,26 @@ def test_a_strict_wrapper_refuses_a_listener_beyond_loopback_and_starts_nothing(
     out = subprocess.run([str(lax), "-db", "-f", str(cfg)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and f"bind *:{FRONT}" in out.stdout and f"bind 127.0.0.1:{STATS}" in out.stdout
     assert not is_strict_wrapper(str(lax)) and not is_strict_wrapper(sys.executable)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    return int(lo), int(hi)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_replicas_port_ranges_lie_below_the_kernels_ephemeral_ports(tmp_path, seed, monkeypatch):
+    """Ray's own processes listen on ports the kernel picks from its ephemeral range (on all interfaces,
+    behind Ray's token auth); a replica port range chosen inside it can meet one of them, and then Serve's
+    direct-ingress bind of that port fails or an RPC port passes for a replica's HTTP listener."""
+    import random
+
+    from cluster.serve_app import haproxy_env
+
+    random.seed(seed)
+    env = haproxy_env(tmp_path / "ha")
+    lo = int(env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"])
+    hi = int(env["RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT"])
+    first, last = _ephemeral_range()
+    assert lo >= 1024 and hi >= lo + 199
+    assert hi < first or lo > last, (lo, hi, first, last)
