@@ -83,18 +83,22 @@ def test_output_limits_beyond_the_context_are_served_and_recorded(openai_client,
     context = serve_app["config"].model.max_model_len
     claude = anthropic.Anthropic(base_url=serve_app["base_url"], api_key="unused", max_retries=0)
     sids = [_sid() for _ in range(3)]
-    # temperature 0: the tiny model's greedy reply ends early, whatever the limit
+    # A stop sequence ends each reply early, whatever the limit: the tiny model's greedy reply to "hi" is
+    # newlines up to all the context leaves (~2,000 tokens, ~20 s each on 2 cores).
     openai_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
-                                          max_tokens=32000, temperature=0, extra_headers={"X-Session-Id": sids[0]})
+                                          max_tokens=32000, temperature=0, stop=["\n"],
+                                          extra_headers={"X-Session-Id": sids[0]})
     with claude.messages.stream(model="m", max_tokens=32000, messages=[{"role": "user", "content": "hi"}],
-                                extra_body={"temperature": 0}, extra_headers={"X-Session-Id": sids[1]}) as s:
+                                stop_sequences=["\n"], extra_body={"temperature": 0},
+                                extra_headers={"X-Session-Id": sids[1]}) as s:
         s.get_final_message()  # streamed, as Claude Code asks (the SDK refuses 32,000 tokens unstreamed)
     openai_client.responses.create(model="m", input="hi", max_output_tokens=32000, temperature=0,
-                                   extra_headers={"X-Session-Id": sids[2]})
+                                   extra_body={"stop": ["\n"]}, extra_headers={"X-Session-Id": sids[2]})
     for sid in sids:
         (turn,) = app_turns(serve_app, sid)
         assert turn.max_tokens_requested == 32000
         assert turn.max_tokens_granted == context - len(turn.prompt_ids)  # all the rendered prompt left
+        assert len(turn.response_ids) < 64  # the stop sequence ended it (not the limit)
 
 
 def test_what_the_apis_refuse_is_a_clear_400(openai_client, serve_app):
