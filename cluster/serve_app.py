@@ -54,8 +54,9 @@ def _free_port() -> int:
 def _replica_port_base(span: int = 200) -> int:
     """The first of `span` ports for the replicas' direct ingress (HTTP, then gRPC), below the kernel's
     ephemeral range where there is room: every Ray process listens on ports the kernel picks from that
-    range (on all interfaces, behind Ray's token auth), so a range inside it can meet one of them; Serve's
-    bind of that port then fails, or an RPC port is taken for a replica's listener."""
+    range (on all interfaces, behind Ray's token auth), so a range inside it can hold one of them: a port
+    Serve cannot bind, and an RPC listener that looks like a replica's (seen once: a replica's own RPC port
+    inside its HTTP range)."""
     import random
 
     try:
