@@ -63,8 +63,8 @@ def _replica_port_base(span: int = 200) -> int:
         first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         first = 32768  # Linux's default; elsewhere (macOS: 49152) the range also starts above it
-    if first - span > 10000:
-        return random.randrange(10000, first - span + 1, span)
+    if first - span > 20000:  # above Ray's own defaults (10001 its client server, 10002-19999 `ray start`'s workers)
+        return random.randrange(20000, first - span + 1, span)
     return random.randrange(20000, 60000, span)  # no room below it: a range among the ephemeral ports
 
 
