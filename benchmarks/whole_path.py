@@ -9,6 +9,9 @@ non-streaming chat completions at concurrency 1, 16 and 64:
             clawray's retrieval picks for it in the system prompt, and the capture fields `logprobs` and
             `return_token_ids`): what the engine's extra work for an injected request costs without any
             proxy. A clawray path's p50 over this one is clawray's own share of its "added";
+- direct-block / direct-capture: the two halves of direct-skills apart, to split the engine's extra work
+            for an injected request: the skills block without the capture fields, and the capture fields
+            (the sampled tokens' logprobs, the prompt's and reply's token ids) without the block;
 - floor:    a bare pass-through proxy (aiohttp server + aiohttp client): what Python costs at all;
 - litellm:  LiteLLM's proxy, one worker, in its own venv (.cache/bench-litellm, built on first use);
 - clawray:  the embedded default's layout (`configs/local.yaml`, co-located) with `engine.backend:
@@ -55,8 +58,11 @@ from benchmarks.whole_path_servers import KEY_ENV, REPLY_TEXT, UPSTREAM_MODEL, l
 
 CONCURRENCY = (1, 16, 64)
 Prepare = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
-PATHS = ("direct", "direct-skills", "floor", "litellm", "clawray", "clawray-haproxy")
-CLIENT_SIDE = ("direct", "direct-skills")  # paths without a server of their own: the client talks to the upstream
+PATHS = ("direct", "direct-skills", "direct-block", "direct-capture", "floor", "litellm", "clawray", "clawray-haproxy")
+# Paths without a server of their own (the client talks to the upstream), and what their requests carry of
+# clawray's additions: the skills block, the capture fields.
+CLIENT_SIDE = {"direct": (False, False), "direct-skills": (True, True), "direct-block": (True, False),
+               "direct-capture": (False, True)}
 SYSTEM = "You are a helpful assistant for a busy person. Answer briefly and precisely."
 QUESTION = "Plan my day: three meetings at 9, 11 and 2 and a dentist appointment at 4. Move the dentist to the morning."
 FOLLOW_UP = "Thanks. Now reschedule the 11 o'clock meeting to the afternoon."
@@ -209,24 +215,27 @@ async def _load(url: str, c: int, duration: float, warmup: float, model: str, ma
     return {"lat": lat, "errors": errors, "statuses": statuses, "total": total}
 
 
-def skills_preparer(workdir: Path) -> Prepare:
+def skills_preparer(workdir: Path, block: bool = True, capture: bool = True) -> Prepare:
     """`direct-skills`' request: the body with what clawray's Proxy adds before it calls the upstream, made
     by clawray's own code over the same seeded library as the clawray servers (`seed_skills`), with the
     embedded default's skills config: the retrieved skills block in the system prompt (serve/injection.py)
-    and the capture fields (serve/upstream_wire.py). Nothing else of the Proxy's work is done."""
+    and the capture fields (serve/upstream_wire.py). Nothing else of the Proxy's work is done. Without
+    `block` or `capture`, that half is left out (`direct-capture`, `direct-block`)."""
     from core.config import load_config
     from serve.injection import SkillInjector
     from serve.upstream_wire import Caps, upstream_payload
 
     skills_dir = workdir / "direct-skills" / "skills"
-    seed_skills(skills_dir)
-    injector = SkillInjector.build(load_config(REPO / "configs" / "local.yaml").skills, skills_dir)
+    if not skills_dir.is_dir():
+        seed_skills(skills_dir)
+    injector = SkillInjector.build(load_config(REPO / "configs" / "local.yaml").skills, skills_dir) if block else None
+    caps = Caps() if capture else Caps(logprobs=False, token_ids=False)
 
     async def prepare(body: dict[str, Any]) -> dict[str, Any]:
         body = {**body, "messages": list(body["messages"])}
         if injector is not None:
             await injector.inject_block(body, False)
-        return upstream_payload(body, UPSTREAM_MODEL, Caps())[0]
+        return upstream_payload(body, UPSTREAM_MODEL, caps)[0]
 
     return prepare
 
@@ -378,6 +387,9 @@ def markdown(summ: list[dict[str, Any]], rows: list[dict[str, Any]], memory: dic
             lines += ["", "direct-skills: the client sends the upstream itself what clawray would send it (the retrieved "
                       "skills block, the capture fields). Its \"added\" is the engine's extra work for the injected "
                       "request; a clawray path's own share is its p50 over direct-skills'."]
+        if any(x["path"] in ("direct-block", "direct-capture") for x in these):
+            lines += ["", "direct-block / direct-capture: direct-skills' two halves apart (the skills block without the "
+                      "capture fields; the capture fields without the block)."]
         lines.append("")
     lines += ["| path | c | p50 ms | p99 ms | req/s | server CPU ms/req | client CPU ms/req |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['engine']}/{r['path']} | {r['c']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['rps']:.1f} | "
@@ -394,7 +406,7 @@ def _phase(engine: str, upstream: str, paths: list[str], workdir: Path, args, me
     servers, urls = start_proxies(upstream, [p for p in paths if p not in CLIENT_SIDE], workdir)
     try:
         urls = {**{p: upstream + "/chat/completions" for p in CLIENT_SIDE if p in paths}, **urls}
-        prepares = {"direct-skills": skills_preparer(workdir)} if "direct-skills" in paths else {}
+        prepares = {p: skills_preparer(workdir, *CLIENT_SIDE[p]) for p in paths if p in CLIENT_SIDE and p != "direct"}
         model, max_tokens = "clawray-policy", 8
         rows = measure(urls, servers, engine, args.duration, args.rounds, model, max_tokens, prepares)
         if not memory:  # after the load, once per run

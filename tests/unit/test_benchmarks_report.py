@@ -198,3 +198,25 @@ def test_whole_path_without_direct_skills_has_no_own_share_column():
     assert all("own_p50_ms" not in s for s in summ)
     md = markdown(summ, rows, {}, {"duration_s": 6, "rounds": 3, "cores": 2, "load_start": 0.5, "load_end": 0.7})
     assert "clawray's own" not in md and "| clawray-haproxy | +1.90 / +5.70 ms | 400 / 520 / 560 |" in md
+
+
+def test_the_direct_controls_carry_the_block_the_capture_fields_both_or_neither(tmp_path):
+    """whole_path's client-side paths: direct-skills sends what clawray sends the upstream; direct-block and
+    direct-capture each one half of it, so that the engine's extra work splits into the two."""
+    import asyncio
+
+    from benchmarks.whole_path import CLIENT_SIDE, QUESTION, SYSTEM, skills_preparer
+
+    body = {"model": "clawray-policy", "messages": [{"role": "system", "content": SYSTEM},
+                                                     {"role": "user", "content": QUESTION}], "max_tokens": 8}
+    got = {}
+    for path, (block, capture) in CLIENT_SIDE.items():
+        if path != "direct":
+            got[path] = asyncio.run(skills_preparer(tmp_path, block, capture)(dict(body)))
+    for path, sent in got.items():
+        block, capture = CLIENT_SIDE[path]
+        system = sent["messages"][0]["content"]
+        assert (len(system) > len(SYSTEM) + 5000) is block, path  # the seeded library's ~7.4 KB block
+        assert (sent.get("logprobs") is True and sent.get("return_token_ids") is True) is capture, path
+        assert ("logprobs" in sent) is capture and ("return_token_ids" in sent) is capture, path
+    assert body["messages"][0]["content"] == SYSTEM  # the client's own body is left as it was
