@@ -51,21 +51,23 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _replica_port_base(span: int = 200) -> int:
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; elsewhere (macOS: 49152) the range also starts above it
+
+
+def _replica_port_base(first: int, rng: Any, span: int = 200) -> int:
     """The first of `span` ports for the replicas' direct ingress (HTTP, then gRPC), below the kernel's
     ephemeral range where there is room: every Ray process listens on ports the kernel picks from that
     range (on all interfaces, behind Ray's token auth), so a range inside it can hold one of them: a port
     Serve cannot bind, and an RPC listener that looks like a replica's (seen once: a replica's own RPC port
-    inside its HTTP range)."""
-    import random
-
-    try:
-        first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        first = 32768  # Linux's default; elsewhere (macOS: 49152) the range also starts above it
+    inside its HTTP range). `first`: the ephemeral range's first port; `rng`: a `random.Random`."""
     if first - span > 20000:  # above Ray's own defaults (10001 its client server, 10002-19999 `ray start`'s workers)
-        return random.randrange(20000, first - span + 1, span)
-    return random.randrange(20000, 60000, span)  # no room below it: a range among the ephemeral ports
+        return rng.randrange(20000, first - span + 1, span)
+    return rng.randrange(20000, 60000, span)  # no room below it: a range among the ephemeral ports
 
 
 def haproxy_env(private: Path) -> dict[str, str]:
@@ -74,9 +76,11 @@ def haproxy_env(private: Path) -> dict[str, str]:
     0700: Ray's default folder /tmp/haproxy-serve is shared by every user of the host, and the admin
     socket there is mode 666 at level admin); its stats and metrics ports, the fallback proxy's and the
     replicas' port ranges are free ones, so two clusters on one host do not collide."""
+    import random
+
     private.mkdir(parents=True, exist_ok=True)
     private.chmod(0o700)
-    base = _replica_port_base()  # replica ports: [base, base+99] HTTP, then gRPC
+    base = _replica_port_base(_ephemeral_start(), random)  # replica ports: [base, base+99] HTTP, then gRPC
     return {
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(private / "haproxy.cfg"),

@@ -107,10 +107,6 @@ def test_a_strict_wrapper_refuses_a_listener_beyond_loopback_and_starts_nothing(
     assert not is_strict_wrapper(str(lax)) and not is_strict_wrapper(sys.executable)
 
 
-def _ephemeral_range() -> tuple[int, int]:
-    lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-    return int(lo), int(hi)
-
 
 @pytest.mark.parametrize("seed", range(8))
 def test_the_replicas_port_ranges_lie_below_the_kernels_ephemeral_ports(tmp_path, seed, monkeypatch):
@@ -119,12 +115,21 @@ def test_the_replicas_port_ranges_lie_below_the_kernels_ephemeral_ports(tmp_path
     direct-ingress bind of that port fails or an RPC port passes for a replica's HTTP listener."""
     import random
 
-    from cluster.serve_app import haproxy_env
+    from cluster import serve_app
 
-    random.seed(seed)
-    env = haproxy_env(tmp_path / "ha")
+    monkeypatch.setattr(serve_app, "_ephemeral_start", lambda: 32768)  # Linux's default
+    monkeypatch.setattr(random, "randrange", random.Random(seed).randrange)
+    env = serve_app.haproxy_env(tmp_path / "ha")
     lo = int(env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"])
     hi = int(env["RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT"])
-    first, last = _ephemeral_range()
-    assert lo >= 20000 and hi >= lo + 199  # above Ray's default worker ports (10002-19999)
-    assert hi < first or lo > last, (lo, hi, first, last)
+    assert 20000 <= lo and lo + 199 == hi < 32768  # above Ray's default worker ports (10002-19999)
+
+
+def test_without_room_below_the_ephemeral_ports_the_range_still_fits_in_the_port_space():
+    import random
+
+    from cluster.serve_app import _ephemeral_start, _replica_port_base
+
+    rng = random.Random(0)
+    assert all(20000 <= _replica_port_base(20100, rng) <= 60000 - 200 for _ in range(50))
+    assert 1024 <= _ephemeral_start() <= 65535  # this machine's, read from the kernel
