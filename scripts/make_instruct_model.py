@@ -42,7 +42,10 @@ BASE = REPO / ".cache" / "tiny-chat"
 DEFAULT_OUT = REPO / ".cache" / "tiny-instruct"
 SEED = 1234
 SOURCES = ("scripts/make_instruct_model.py", "scripts/instruct_eval.py", "harness/corpus.py",
-           "evolve/evolvers.py", "evolve/retrieval.py", "evolve/text.py", "serve/injection.py")
+           "evolve/evolvers.py", "evolve/retrieval.py", "evolve/text.py")
+# Of a file that is mostly serving code, only the functions the build calls: editing the rest of the Proxy's
+# injection (which query it retrieves for, say) cannot change the model, so it must not retrain it.
+SOURCE_PARTS = {"serve/injection.py": ("add_to_system", "last_user_text")}
 SHAPE = {"hidden_size": 192, "intermediate_size": 768, "num_hidden_layers": 3, "num_attention_heads": 4,
          "num_key_value_heads": 2}
 MAX_TOKENS = 1152  # longer chats are left out of training (served chats with 5 skills reach ~1,100)
@@ -53,17 +56,25 @@ def fingerprint(args: argparse.Namespace) -> str:
     h = hashlib.sha256(json.dumps({k: getattr(args, k) for k in keys}, sort_keys=True).encode())
     for s in SOURCES:
         h.update(code_digest((REPO / s).read_text()).encode())
+    for s, names in SOURCE_PARTS.items():
+        h.update(code_digest((REPO / s).read_text(), only=names).encode())
     h.update((BASE / "clawray-build.json").read_bytes())
     return h.hexdigest()[:16]
 
 
-def code_digest(source: str) -> str:
+def code_digest(source: str, only: tuple[str, ...] | None = None) -> str:
     """What in a source file can change the build: its syntax tree without docstrings (comments are not in
     the tree), so that editing the prose of this script or of the code it reads does not retrain (~20 min
-    on an AVX2-only CPU) a model that would come out bitwise the same."""
+    on an AVX2-only CPU) a model that would come out bitwise the same. `only`: just these top-level
+    functions and classes (each must exist: a renamed one is an error here, not a silently smaller digest)."""
     import ast
 
     tree = ast.parse(source)
+    if only is not None:
+        defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        if missing := [n for n in only if n not in defs]:
+            raise ValueError(f"the build's sources lack {missing}")
+        tree = ast.Module(body=[defs[n] for n in only], type_ignores=[])
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body

@@ -15,6 +15,8 @@ from scripts.make_instruct_model import (
     BASE,
     DECISION_WEIGHT,
     PAD_TO,
+    REPO,
+    SOURCE_PARTS,
     batches,
     code_digest,
     collate,
@@ -123,3 +125,14 @@ def test_the_build_fingerprint_ignores_prose_but_not_code():
     assert code_digest(prose) == code_digest(src)
     assert code_digest(src.replace("sqrt", "exp")) != code_digest(src)
     assert code_digest(src.replace('"""Doc."""', '"""Doc."""\n    x = 1')) != code_digest(src)
+
+
+def test_of_a_serving_file_only_the_functions_the_build_calls_count():
+    """serve/injection.py is mostly the Proxy's: editing what the build does not call must not retrain."""
+    src = 'def add(x):\n    return x + 1\n\n\ndef serve(x):\n    return x\n'
+    assert code_digest(src.replace("return x\n", "return -x\n"), only=("add",)) == code_digest(src, only=("add",))
+    assert code_digest(src.replace("x + 1", "x + 2"), only=("add",)) != code_digest(src, only=("add",))
+    with pytest.raises(ValueError, match="lack"):
+        code_digest(src, only=("renamed",))
+    for path, names in SOURCE_PARTS.items():  # every part the build names exists
+        code_digest((REPO / path).read_text(), only=names)
