@@ -191,3 +191,7 @@ class ProxyConfig(Section):
     side_markers: list[str] | None = None  # None: the built-in markers, seen in real agents' traffic
     extra_side_markers: list[str] = Field(default_factory=list)  # added to side_markers (or the built-ins)
     side_models: list[str] = Field(default_factory=list)  # model ids whose requests are side requests
+    # What skills and memories are retrieved for: the user's own text of the latest user message that has any,
+    # leaving out parts an agent adds that start with one of these markers (serve/retrieval_query.py).
+    retrieval_skip_markers: list[str] | None = None  # None: the built-in markers, seen in real agents' traffic
+    extra_retrieval_skip_markers: list[str] = Field(default_factory=list)  # added to them

@@ -1,4 +1,7 @@
-"""Skill injection at the Proxy: retrieve skills for the last user message, put them in the system prompt.
+"""Skill injection at the Proxy: retrieve skills for the user's latest words, put them in the system prompt.
+
+The query is the user's own text of the latest user message that has any (serve/retrieval_query.py): an
+agent's tool results and the context it wraps around the user's message are not what the user asked.
 
 Uses the skills plane's read side (`evolve.retrieval.SkillSearch`) in-process — the one deliberate
 cross-plane import (DESIGN.md): a hop per request would cost more than the retrieval. A new skill
@@ -22,6 +25,7 @@ from typing import Any
 
 from core.config import SkillsConfig
 from core.text import content_text
+from serve.retrieval_query import retrieval_query
 
 log = logging.getLogger("clawray.injection")
 
@@ -119,21 +123,23 @@ class SkillInjector:
                 self._failing = False
 
     async def inject(self, body: dict[str, Any], anthropic: bool, fits: Callable[[str], bool] | None = None,
-                     tenant: str | None = None) -> tuple[list[str], int]:
+                     tenant: str | None = None, query: str | None = None) -> tuple[list[str], int]:
         """Inject into `body` in place; returns (injected skill names, skill generation). `fits`: whether a
         skills block still fits the context (serve/context_manager.py `skill_fits`); None: no limit.
-        `tenant` ("<user>/<workspace>"): its private skills are served too (evolve/scopes.py)."""
-        names, generation, _ = await self.inject_block(body, anthropic, fits, tenant)
+        `tenant` ("<user>/<workspace>"): its private skills are served too (evolve/scopes.py). `query`: what
+        to retrieve for (None: `retrieval_query` of the body's messages with the built-in markers)."""
+        names, generation, _ = await self.inject_block(body, anthropic, fits, tenant, query)
         return names, generation
 
     async def inject_block(self, body: dict[str, Any], anthropic: bool, fits: Callable[[str], bool] | None = None,
-                           tenant: str | None = None) -> tuple[list[str], int, str]:
+                           tenant: str | None = None, query: str | None = None) -> tuple[list[str], int, str]:
         """`inject`, also returning the block added ("" when none): the session store keeps it once
         instead of with every turn (serve/skill_blocks.py)."""
         from evolve.retrieval import render_skills_block
         from evolve.scopes import request_scopes
 
-        query = last_user_text(body.get("messages") or [])
+        if query is None:
+            query = retrieval_query(body.get("messages"))
         scopes = request_scopes(tenant, self.cfg.groups) if tenant else None
         if self.cfg.retrieval == "embedding":  # query encoding is CPU work: keep it off the loop
             skills, generation = await asyncio.to_thread(self._retrieve, query, scopes)

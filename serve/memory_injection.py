@@ -30,7 +30,8 @@ from memory.open import open_memory_store
 from memory.retrieval import MemorySearch
 from memory.store import MemoryStore
 from memory.units import request_scopes, split_tenant
-from serve.injection import add_to_system, last_user_text
+from serve.injection import add_to_system
+from serve.retrieval_query import retrieval_query
 
 log = logging.getLogger("clawray.memory_injection")
 
@@ -87,7 +88,7 @@ class MemoryInjector:
             from evolve.embedding import shared_cache  # the skills plane's offline MiniLM loader
 
             # The replica's one model and query cache, shared with embedding skill retrieval: the query (the
-            # last user message) that skills encoded is not encoded again here.
+            # user's latest words, serve/retrieval_query.py) that skills encoded is not encoded again here.
             embedder = shared_cache(cfg.embedding_model, cfg.embedding_encoder)
         search = MemorySearch(open_memory_store(memory_dir, state), cfg, embedder)
         return cls(search, cfg, make_counter(tokenizer_path), max_model_len)
@@ -102,7 +103,7 @@ class MemoryInjector:
         return len(system_text(body, anthropic))
 
     async def inject(self, body: dict[str, Any], anthropic: bool, tenant: str, session_id: str, cap: str,
-                     mark: int, room: int | None = None) -> tuple[list[str], int]:
+                     mark: int, room: int | None = None, query: str | None = None) -> tuple[list[str], int]:
         """Inject into `body` in place; returns (injected unit ids, tokens of the memory block). `room`: the
         tokens skills and memory may take together, as context management counted them before the skills
         went in (serve/context_manager.py `injection_room`); None: only this injector's own estimate.
@@ -110,18 +111,19 @@ class MemoryInjector:
         Memory is context, not a dependency: a store that cannot be read serves the request without it.
         """
         try:
-            return await self._inject(body, anthropic, tenant, session_id, cap, mark, room)
+            return await self._inject(body, anthropic, tenant, session_id, cap, mark, room, query)
         except (sqlite3.Error, DatabaseError, OSError) as e:
             log.warning("memory retrieval failed (%s: %s); serving without memory", type(e).__name__, e)
             return [], 0
 
     async def _inject(self, body: dict[str, Any], anthropic: bool, tenant: str, session_id: str, cap: str,
-                      mark: int, shared_room: int | None = None) -> tuple[list[str], int]:
+                      mark: int, shared_room: int | None = None, query: str | None = None) -> tuple[list[str], int]:
         user, workspace = split_tenant(tenant)
         if user == DEFAULT_USER and not self.cfg.include_default_user:
             return [], 0
         scopes = request_scopes(user, workspace, session_id, cap)
-        query = last_user_text(body.get("messages") or [])
+        if query is None:
+            query = retrieval_query(body.get("messages"))
         if not scopes or not query.strip():
             return [], 0
         result = await asyncio.to_thread(self.search.search, query, scopes)

@@ -55,6 +55,7 @@ from serve.metrics import ProxyMetrics
 from serve.outbox import ActorPoolSink, Dispatcher, JsonlTurnSink
 from serve.protocol import EngineRequestError, Reply
 from serve.recorder import GroupCommit
+from serve.retrieval_query import context_markers, retrieval_query
 from serve.sessions import DB_FILE, SessionStore
 from serve.side import SideRules
 from serve.turns import RequestError, TurnMeta, extract_meta, turns_from_reply
@@ -87,6 +88,7 @@ class ProxyImpl:
         self.engine = engine
         self.cfg = ProxyConfig.model_validate(proxy)
         self.side_rules = SideRules.build(self.cfg.side_markers, self.cfg.extra_side_markers, self.cfg.side_models)
+        self.query_markers = context_markers(self.cfg.retrieval_skip_markers, self.cfg.extra_retrieval_skip_markers)
         # Long sessions (serve/context_manager.py); `context`: cluster/serve_app.py `context_args`.
         self.context = ContextManager.from_args(self.cfg.context, context)  # None: the limit is unknown
         layout = StorageLayout(Path(storage_root)).ensure()
@@ -160,12 +162,13 @@ class ProxyImpl:
         if main:
             self.activity.note()
             mark = self.memory.mark(view, api.anthropic) if self.memory is not None else 0
+            query = retrieval_query(view.get("messages"), self.query_markers)  # the user's words, not tool results
             if self.injector is not None:
                 fits = self.context.skill_fits(room) if room is not None else None
-                skills, generation, block = await self.injector.inject_block(view, api.anthropic, fits, meta.tenant)
+                skills, generation, block = await self.injector.inject_block(view, api.anthropic, fits, meta.tenant, query)
             if self.memory is not None:  # after skills: memory gets the budget they left
                 ids, _ = await self.memory.inject(view, api.anthropic, meta.tenant, meta.session_id,
-                                                  meta.memory_scope, mark, room)
+                                                  meta.memory_scope, mark, room, query)
                 meta = dataclasses.replace(meta, memories=tuple(ids))
             api.apply_view(body, view)
         # The client's output-token limit, as asked: the engine clamps it to what fits (serve/budget.py).

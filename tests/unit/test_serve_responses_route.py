@@ -70,7 +70,7 @@ class FakeInjector:
     """Injects one skill block, as the skills plane's injector does (serve/injection.py)."""
 
     async def inject_block(self, body: dict[str, Any], anthropic: bool, fits=None,
-                           tenant=None) -> tuple[list[str], int, str]:
+                           tenant=None, query=None) -> tuple[list[str], int, str]:
         add_to_system(body, "SKILL: say the unit", anthropic)
         return ["units"], 4, "SKILL: say the unit"
 

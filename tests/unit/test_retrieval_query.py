@@ -1,0 +1,134 @@
+"""What skills and memories are retrieved for (serve/retrieval_query.py): the user's own latest words in
+the requests real agents send (tests/unit/agent_side_requests.jsonl), not their tool results nor the
+context they wrap around the user's message.
+
+Seen failing before the fix: Claude Code's turn after a tool call (a user message of `tool_result` blocks
+only) was served with no skills at all, and OpenClaw's turns retrieved for its internal-context message."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.config import ProxyConfig, SkillsConfig
+from core.contracts import Skill
+from evolve.bank import SkillBank
+from serve.apis import CHAT, MESSAGES, RESPONSES
+from serve.injection import SkillInjector
+from serve.retrieval_query import AGENT_CONTEXT_MARKERS, context_markers, retrieval_query
+from tests.unit.test_serve_responses_route import _send
+from tests.unit.test_serve_responses_route import proxy as responses_proxy  # noqa: F401 - the in-process Proxy
+
+RECORDED = [json.loads(line) for line in
+            Path(__file__).with_name("agent_side_requests.jsonl").read_text().splitlines()]
+APIS = {"chat": CHAT, "messages": MESSAGES, "responses": RESPONSES}
+ASKED = "Create a file hello.txt saying hello"
+TOOL_LOOP = [(r["agent"], r["request"]) for r in RECORDED if r["expect"] == "main"
+             and r["request"] in ("main: the first request of a prompt", "main: after its tool call ran",
+                                  "main: after its tool call ran (its internal-context message last)")
+             and r["agent"] != "copaw"]  # CoPaw's recording asks its bootstrap prompt, not ASKED
+
+
+def find(agent: str, request: str) -> dict[str, Any]:
+    return next(r for r in RECORDED if r["agent"] == agent and r["request"] == request)
+
+
+def query_of(rec: dict[str, Any]) -> str:
+    """The query the Proxy retrieves for (serve/proxy.py `_prepare`): read from the API's chat view."""
+    return retrieval_query(APIS[rec["api"]].view(copy.deepcopy(rec["body"])).get("messages"))
+
+
+def test_the_recordings_hold_a_first_request_and_a_tool_loop_turn_of_five_agents():
+    agents = {a for a, _ in TOOL_LOOP}
+    assert agents == {"claude-code", "codex", "qwen-code", "hermes", "openclaw"}
+    assert all(sum(a == agent for a, _ in TOOL_LOOP) == 2 for agent in agents)
+
+
+@pytest.mark.parametrize("agent, request_", TOOL_LOOP, ids=[f"{a}: {r}" for a, r in TOOL_LOOP])
+def test_each_agents_first_request_and_tool_loop_turn_retrieve_for_what_the_user_typed(agent, request_):
+    query = query_of(find(agent, request_))
+    assert ASKED in query
+    assert not any(m in query for m in AGENT_CONTEXT_MARKERS), query[:200]
+    # OpenClaw stamps the user's message and appends its runtime line: the user's message still.
+    assert query == ASKED or agent == "openclaw"
+
+
+def test_claude_codes_turn_after_a_slash_command_retrieves_for_the_question_after_it():
+    rec = find("claude-code", "main: the first request after /compact")
+    assert query_of(rec) == "What files are in this folder?"
+
+
+def test_a_marker_counts_only_at_the_start_of_a_part_and_a_message_of_only_context_is_passed_over():
+    quoting = f"Why does my hook print {AGENT_CONTEXT_MARKERS[0]} into the log?"
+    assert retrieval_query([{"role": "user", "content": quoting}]) == quoting
+    msgs = [{"role": "user", "content": "Rename the report"},
+            {"role": "assistant", "content": "done"},
+            {"role": "user", "content": "  <system-reminder>\nThe date changed.</system-reminder>"},
+            {"role": "tool", "tool_call_id": "1", "content": "ok"}]
+    assert retrieval_query(msgs) == "Rename the report"
+    assert retrieval_query([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]) == ""
+    assert retrieval_query(None) == "" and retrieval_query([]) == ""
+
+
+def test_the_markers_are_the_operators_to_replace_or_extend():
+    cfg = ProxyConfig.model_validate({"extra_retrieval_skip_markers": ["<my-agent-context>"]})
+    markers = context_markers(cfg.retrieval_skip_markers, cfg.extra_retrieval_skip_markers)
+    assert markers == (*AGENT_CONTEXT_MARKERS, "<my-agent-context>")
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "Back up the notes"},
+                                         {"type": "text", "text": "<my-agent-context>cwd=/w"}]}]
+    assert retrieval_query(msgs, markers) == "Back up the notes"
+    assert retrieval_query(msgs, context_markers([])) == "Back up the notes <my-agent-context>cwd=/w"
+
+
+FILES = Skill(name="name-files-in-lowercase", category="file_operations",
+              description="When you create a file, name it in lowercase with a dated suffix.",
+              body="Write hello.txt as hello-2026-12-07.txt.")
+COMMITS = Skill(name="sign-off-commits", category="coding",
+                description="Git commits and pull requests carry a Signed-off-by trailer.",
+                body="Add Signed-off-by to every git commit and pull request you create.")
+
+
+@pytest.fixture
+def proxy(responses_proxy, tmp_path):  # noqa: F811
+    """The in-process Proxy over a fake engine, with the real template-mode skill injector on a library."""
+    cfg = SkillsConfig(retrieval="template", top_k=1, task_specific_top_k=1, refresh_s=3600.0)
+    SkillBank(tmp_path / "lib", cfg).add_batch([FILES, COMMITS])
+    responses_proxy.injector = SkillInjector.build(cfg, tmp_path / "lib")
+    return responses_proxy
+
+
+def _system(api: str, body: dict[str, Any]) -> str:
+    return json.dumps(body.get("system") if api == "messages" else body["messages"][0]["content"])
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "openclaw"])
+def test_a_tool_loop_is_served_the_same_skills_as_the_request_that_started_it(proxy, agent):
+    """The skill the user's request calls for, on every turn of the loop: the same system prompt each time,
+    so the engine's prefix cache holds across the loop."""
+    first, after = (find(agent, r) for r in ("main: the first request of a prompt", next(
+        r for a, r in TOOL_LOOP if a == agent and r != "main: the first request of a prompt")))
+    for rec in (first, after):
+        body = {**copy.deepcopy(rec["body"]), "stream": False}
+        assert _send(proxy, APIS[rec["api"]], body).status_code == 200
+    (api1, sent1), (api2, sent2) = proxy.engine._target.bodies
+    assert FILES.description in _system(api1, sent1), "the first request was not served the file skill"
+    assert COMMITS.description not in _system(api1, sent1)
+    assert FILES.description in _system(api2, sent2), "the turn after the tool call lost the skill"
+    assert _system(api1, sent1) == _system(api2, sent2)
+    turns = proxy.store.turns()
+    assert [t.skills for t in turns] == [[FILES.name], [FILES.name]]
+
+
+def test_the_injector_alone_retrieves_for_the_users_words_too(tmp_path):
+    """Callers without a Proxy (the harness, scripts) get the same query by default."""
+    cfg = SkillsConfig(retrieval="template", top_k=1, task_specific_top_k=1, refresh_s=3600.0)
+    SkillBank(tmp_path, cfg).add_batch([FILES, COMMITS])
+    injector = SkillInjector.build(cfg, tmp_path)
+    body = MESSAGES.view(copy.deepcopy(find("claude-code", "main: after its tool call ran")["body"]))
+    names, _ = asyncio.run(injector.inject(body, anthropic=True))
+    assert names == [FILES.name]
