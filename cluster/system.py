@@ -20,6 +20,7 @@ from typing import Any
 import ray
 
 from core import names
+from core.agent_context import context_markers
 from core.config import ClawrayConfig
 from core.names import Names, names_for
 from core.storage import StorageLayout
@@ -86,7 +87,8 @@ def ensure_actors(cfg: ClawrayConfig, *, detached: bool = True, progress=None) -
     step("Evolver actor (skill library)")
     evolver = handles[names.EVOLVER] = get_or_create_evolver(layout.skills, cfg.skills, cfg.evolver,
                                                              detached=detached, blob_root=cfg.blob_root(),
-                                                             namespace=ns, collective=collective_wiring(cfg, layout))
+                                                             namespace=ns, collective=collective_wiring(cfg, layout),
+                                                             agent_markers=agent_markers(cfg))
     # The replay buffer follows the skill library's generation from the start (support/query split).
     # Generations never go back: a skills folder wiped or replaced since Replay last saw generation g is
     # written up to a new generation above g (its S changed), never left below (Replay would retire
@@ -134,6 +136,12 @@ def engine_judge(cfg: ClawrayConfig) -> dict[str, str] | None:
     return {"deployment": names.ENGINE, "app": names.APP, "model": cfg.model.served_name}
 
 
+def agent_markers(cfg: ClawrayConfig) -> tuple[str, ...]:
+    """What in a user message is the agent's, not the user's words (core/agent_context.py): the Proxy reads
+    the same `proxy.*` keys for retrieval; memory and the evolvers take them from here."""
+    return context_markers(cfg.proxy.agent_context_markers, cfg.proxy.extra_agent_context_markers)
+
+
 def start_memory(cfg: ClawrayConfig, layout: StorageLayout, *, detached: bool = False):
     """The `Memory` actor (memory/actor.py), ready; it gets the skills plane's offline MiniLM loader as its
     embedder factory (memory/ imports no other plane)."""
@@ -143,7 +151,8 @@ def start_memory(cfg: ClawrayConfig, layout: StorageLayout, *, detached: bool = 
     model = cfg.memory.embedding_model
     factory = functools.partial(SentenceEmbedder, model, encoder=cfg.memory.embedding_encoder) if model else None
     handle = get_or_create_memory(str(layout.memory), cfg.memory, factory, name=names.MEMORY,
-                                  namespace=cfg.ray.namespace, detached=detached, state=cfg.state.model_dump())
+                                  namespace=cfg.ray.namespace, detached=detached, state=cfg.state.model_dump(),
+                                  agent_markers=agent_markers(cfg))
     ray.get(handle.ready.remote())
     return handle
 

@@ -191,7 +191,8 @@ class ProxyConfig(Section):
     side_markers: list[str] | None = None  # None: the built-in markers, seen in real agents' traffic
     extra_side_markers: list[str] = Field(default_factory=list)  # added to side_markers (or the built-ins)
     side_models: list[str] = Field(default_factory=list)  # model ids whose requests are side requests
-    # What skills and memories are retrieved for: the user's own text of the latest user message that has any,
-    # leaving out parts an agent adds that start with one of these markers (serve/retrieval_query.py).
-    retrieval_skip_markers: list[str] | None = None  # None: the built-in markers, seen in real agents' traffic
-    extra_retrieval_skip_markers: list[str] = Field(default_factory=list)  # added to them
+    # Parts of a user message an agent adds (reminders, environment, internal context), by their opening tag:
+    # not the user's words: skills and memories are not retrieved for them, memory does not remember them as
+    # said by the user, the evolvers do not read them as a turn's instruction (core/agent_context.py).
+    agent_context_markers: list[str] | None = None  # None: the built-in markers, seen in real agents' traffic
+    extra_agent_context_markers: list[str] = Field(default_factory=list)  # added to them

@@ -30,6 +30,7 @@ import ray
 from ray.util.metrics import Counter, Gauge
 
 from core import names
+from core.agent_context import AGENT_CONTEXT_MARKERS
 from core.config import EvolverConfig, SkillsConfig
 from core.contracts import Sample, Turn
 from core.metrics import hold, zero_counter
@@ -117,7 +118,7 @@ class Evolver:
     def __init__(self, skills_root: str, skills_cfg: SkillsConfig, evolver_cfg: EvolverConfig,
                  dedup_embeddings: bool | None = None, replay_name: str = names.REPLAY,
                  blob_root: str | None = None, namespace: str = names.DEFAULT_NAMESPACE,
-                 collective: dict[str, Any] | None = None):
+                 collective: dict[str, Any] | None = None, agent_markers: tuple[str, ...] = AGENT_CONTEXT_MARKERS):
         logging.basicConfig(level=logging.INFO)
         use_emb = skills_cfg.retrieval == "embedding" if dedup_embeddings is None else dedup_embeddings
         embedder = (SentenceEmbedder(skills_cfg.embedding_model, encoder=skills_cfg.embedding_encoder)
@@ -129,7 +130,8 @@ class Evolver:
         self._publishing = asyncio.Lock()  # one publish at a time; each sees the previous one's version
         self._publish_errors = 0
         self._replay = RayReplayLink(replay_name, namespace)
-        self._loop = EvolutionLoop(self._bank, evolver_cfg, make_evolver(evolver_cfg), self._replay)
+        self._loop = EvolutionLoop(self._bank, evolver_cfg, make_evolver(evolver_cfg), self._replay,
+                                   markers=agent_markers)
         # Collective evolution (evolve/collective_runner.py): `collective` is what the composition root
         # wires: {"storage_root", "state", "gate": {engine, prms, namespace} | None, "omls": [name, ns]}.
         self._collective = None
@@ -140,7 +142,8 @@ class Evolver:
             self._collective = CollectiveRunner(self._bank, evolver_cfg.collective, collective["storage_root"],
                                                 collective.get("state"), self._replay, collective.get("gate"), omls,
                                                 evolver_cfg.llm, self._loop.lock,
-                                                sync=self._publish if self._mirror is not None else None)
+                                                sync=self._publish if self._mirror is not None else None,
+                                                markers=agent_markers)
         # Each at 0 from the start: a first rejection must show as an increase (core/metrics.py).
         self._counters = {k: zero_counter(c) for k, c in {
             "evolutions_triggered": Counter("clawray_evolutions_triggered_total", "Evolutions started."),
@@ -295,7 +298,8 @@ class Evolver:
 def get_or_create_evolver(skills_root: Path, skills_cfg: SkillsConfig, evolver_cfg: EvolverConfig, *,
                           detached: bool = False, dedup_embeddings: bool | None = None,
                           name: str = names.EVOLVER, replay_name: str = names.REPLAY, blob_root: str | None = None,
-                          namespace: str = names.DEFAULT_NAMESPACE, collective: dict[str, Any] | None = None):
+                          namespace: str = names.DEFAULT_NAMESPACE, collective: dict[str, Any] | None = None,
+                          agent_markers: tuple[str, ...] = AGENT_CONTEXT_MARKERS):
     """The `Evolver` actor handle, created if it does not exist yet (the composition root calls this).
     `blob_root`: the object-storage root the library is mirrored to (`ClawrayConfig.blob_root()`);
     `namespace`: the Ray namespace of it and of the replay actor (`ray.namespace`)."""
@@ -304,5 +308,5 @@ def get_or_create_evolver(skills_root: Path, skills_cfg: SkillsConfig, evolver_c
         opts["lifetime"] = "detached"
     names.forget(name, namespace)  # a handle this process cached may be of a killed incarnation
     return Evolver.options(**opts).remote(str(skills_root), skills_cfg, evolver_cfg, dedup_embeddings,
-                                          replay_name, blob_root, namespace, collective)
+                                          replay_name, blob_root, namespace, collective, agent_markers)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from core import names
+from core.agent_context import AGENT_CONTEXT_MARKERS
 from core.config import CollectiveConfig, LLMEndpoint
 from core.contracts import Sample, Turn, TurnType
 from core.kv import control_store
@@ -92,8 +93,10 @@ class CollectiveRunner:
 
     def __init__(self, bank: SkillBank, cfg: CollectiveConfig, storage_root: str, state: dict | None,
                  replay: ReplayLink, gate: dict[str, Any] | None, omls: tuple[str, str] | None = None,
-                 llm: LLMEndpoint | None = None, lock: asyncio.Lock | None = None, sync: Sync | None = None):
+                 llm: LLMEndpoint | None = None, lock: asyncio.Lock | None = None, sync: Sync | None = None,
+                 markers: tuple[str, ...] = AGENT_CONTEXT_MARKERS):
         self.cfg, self.bank, self.omls = cfg, bank, omls
+        self.markers = tuple(markers)  # what in a user message is the agent's (core/agent_context.py)
         self.store = EvidenceStore(Path(storage_root), state)
         validator = None
         if cfg.gate.enabled and gate is not None:
@@ -119,7 +122,7 @@ class CollectiveRunner:
         self.counts = {"evidence_rows": 0, "runs": 0, "published": 0, "rejected": 0, "errors": 0, "yielded": 0}
 
     def record(self, pairs: list[tuple[Turn, Sample]]) -> int:
-        rows = [evidence_from(t, s, self.bank.names()) for t, s in pairs if t.turn_type == TurnType.main]
+        rows = [evidence_from(t, s, self.bank.names(), self.markers) for t, s in pairs if t.turn_type == TurnType.main]
         n = self.store.append(rows) if rows else 0
         self.counts["evidence_rows"] += n
         return n

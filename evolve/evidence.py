@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from core.agent_context import AGENT_CONTEXT_MARKERS, latest_user_words
 from core.config import StateConfig
 from core.contracts import Sample, Turn
 from core.state import open_database
@@ -151,10 +152,15 @@ def touched_skills(tool_calls: Iterable[dict[str, Any]], known: Iterable[str]) -
     return found
 
 
-def turn_texts(turn: Turn) -> tuple[str, str, str]:
-    """(the last user message, the reply with its tool calls rendered, the next state) of a turn as text:
-    what the evolvers read (evolve/loop.py `failure_from`) and the evidence rows keep."""
+def turn_texts(turn: Turn, markers: tuple[str, ...] = AGENT_CONTEXT_MARKERS) -> tuple[str, str, str]:
+    """(the instruction the turn answered, the reply with its tool calls rendered, the next state) of a turn
+    as text: what the evolvers read (evolve/loop.py `failure_from`) and the evidence rows keep. The
+    instruction is the user's latest own words (core/agent_context.py): in an agent's tool loop that is the
+    request the loop works on, not the tool result or the agent's reminders in the last user message; a
+    conversation with no words of the user's reads its last user message whole (a tool result's text too)."""
     user = next((m for m in reversed(turn.messages) if m.get("role") == "user"), {})
+    if words := latest_user_words(turn.messages, markers):
+        user = {"content": words}
     feedback = "\n".join(_text(m.get("content")) for m in (turn.next_state or []))
     response = turn.response_text
     if turn.tool_calls:
@@ -164,9 +170,10 @@ def turn_texts(turn: Turn) -> tuple[str, str, str]:
     return _text(user.get("content")), response, feedback
 
 
-def evidence_from(turn: Turn, sample: Sample, known: Iterable[str]) -> Evidence:
-    """The evidence row of one scored main turn."""
-    instruction, response, feedback = turn_texts(turn)
+def evidence_from(turn: Turn, sample: Sample, known: Iterable[str],
+                  markers: tuple[str, ...] = AGENT_CONTEXT_MARKERS) -> Evidence:
+    """The evidence row of one scored main turn (`markers`: what in a user message is the agent's)."""
+    instruction, response, feedback = turn_texts(turn, markers)
     return Evidence(turn_id=turn.turn_id, session_id=turn.session_id, tenant=turn.tenant,
                     turn_index=turn.turn_index, created_at=turn.created_at, reward=float(sample.reward),
                     skills=list(turn.skills), touched=touched_skills(turn.tool_calls, known), tools=list(turn.tools),

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from core.agent_context import AGENT_CONTEXT_MARKERS
 from core.config import EvolverConfig
 from core.contracts import Sample, Skill, Turn, TurnType
 from evolve.bank import BatchResult, SkillBank
@@ -114,9 +115,10 @@ def by_scope(failures: Sequence[Failure], level: str,
     return out
 
 
-def failure_from(turn: Turn, sample: Sample) -> Failure:
-    """The evolver's view of a failed turn: last user message, reply, and the next state as text."""
-    instruction, response, feedback = turn_texts(turn)
+def failure_from(turn: Turn, sample: Sample, markers: tuple[str, ...] = AGENT_CONTEXT_MARKERS) -> Failure:
+    """The evolver's view of a failed turn: the user's instruction (evolve/evidence.py `turn_texts`), the
+    reply, and the next state as text."""
+    instruction, response, feedback = turn_texts(turn, markers)
     return Failure(instruction=instruction, response=response, feedback=feedback,
                    reward=float(sample.reward), session_id=turn.session_id, sample_id=sample.sample_id,
                    tenant=turn.tenant)
@@ -126,8 +128,10 @@ class EvolutionLoop:
     """Triggers + evolution + bookkeeping. Async because evolvers are; safe for concurrent calls."""
 
     def __init__(self, bank: SkillBank, cfg: EvolverConfig, evolver: Evolver,
-                 replay: ReplayLink | None = None, fence_ttl: float | None = None):
+                 replay: ReplayLink | None = None, fence_ttl: float | None = None,
+                 markers: tuple[str, ...] = AGENT_CONTEXT_MARKERS):
         self.bank, self.cfg, self.evolver = bank, cfg, evolver
+        self.markers = tuple(markers)  # what in a user message is the agent's (core/agent_context.py)
         self.replay = replay or NoReplay()
         self.fence_ttl = fence_ttl_s(cfg) if fence_ttl is None else fence_ttl
         self._pending: dict[str, list[_Entry]] = {}
@@ -153,7 +157,7 @@ class EvolutionLoop:
         self.counters["turns_observed"] += 1
         failed = sample.reward <= 0
         entries = self._open(sid)
-        entries.append(_Entry(sample.sample_id, failure_from(turn, sample) if failed else None))
+        entries.append(_Entry(sample.sample_id, failure_from(turn, sample, self.markers) if failed else None))
         n = self._turns[sid] = self._turns[sid] + 1
         ended = turn.last_in_session and not turn.idle_flushed  # an idle flush is not the session's end
         trigger = self._trigger(entries, n, ended)

@@ -23,6 +23,7 @@ from typing import Any
 import ray
 
 from core import names
+from core.agent_context import AGENT_CONTEXT_MARKERS
 from core.config import MemoryConfig, StateConfig
 from core.contracts import Sample, Turn
 from core.db import DatabaseError
@@ -51,9 +52,11 @@ class MemoryActor:
     (its dict; with `dsn` the store is PostgreSQL, memory/open.py)."""
 
     def __init__(self, memory_dir: str, cfg: MemoryConfig, embedder_factory: Callable[[], Embedder] | None = None,
-                 *, metrics: bool = True, state: StateConfig | dict | None = None):
+                 *, metrics: bool = True, state: StateConfig | dict | None = None,
+                 agent_markers: tuple[str, ...] = AGENT_CONTEXT_MARKERS):
         logging.basicConfig(level=logging.INFO)
         self.cfg = cfg
+        self.agent_markers = tuple(agent_markers)  # what in a user message is the agent's (core/agent_context.py)
         self.store = open_memory_store(memory_dir, state, storage_root=Path(memory_dir).parent)
         self.ingestor = Ingestor(self.store, cfg, make_extractor(cfg),
                                  embedder_factory() if embedder_factory is not None else None)
@@ -87,7 +90,7 @@ class MemoryActor:
     async def observe(self, turn: Turn, sample: Sample | None = None) -> bool:
         """Queue one completed turn (True: queued now); schedules its conversation's ingestion when due."""
         self._start()
-        entry = entry_of(turn, self.cfg.include_default_user)
+        entry = entry_of(turn, self.cfg.include_default_user, self.agent_markers)
         if entry is None:
             self._turn("ignored")
             return False
@@ -194,10 +197,11 @@ Memory = ray.remote(num_cpus=0.1, max_restarts=-1)(MemoryActor)
 
 
 def get_or_create_memory(memory_dir: str, cfg: MemoryConfig, embedder_factory: Callable[[], Embedder] | None,
-                         *, name: str, namespace: str, detached: bool = False, state: dict | None = None):
+                         *, name: str, namespace: str, detached: bool = False, state: dict | None = None,
+                         agent_markers: tuple[str, ...] = AGENT_CONTEXT_MARKERS):
     """The named `Memory` actor handle, created if it does not exist (the composition root calls this)."""
     opts: dict[str, Any] = {"name": name, "namespace": namespace, "get_if_exists": True}
     if detached:
         opts["lifetime"] = "detached"
     names.forget(name, namespace)  # a handle this process cached may be of a killed incarnation
-    return Memory.options(**opts).remote(memory_dir, cfg, embedder_factory, state=state)
+    return Memory.options(**opts).remote(memory_dir, cfg, embedder_factory, state=state, agent_markers=agent_markers)

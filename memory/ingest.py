@@ -20,9 +20,9 @@ from typing import Protocol
 
 import numpy as np
 
+from core.agent_context import AGENT_CONTEXT_MARKERS, own_texts
 from core.config import MemoryConfig
 from core.contracts import Turn, TurnType
-from core.text import content_text
 from memory.consolidate import consolidate, same_text
 from memory.extract import OfflineExtractor, working_summary
 from memory.index import VectorIndex, adopt_encoder
@@ -43,9 +43,12 @@ class Extractor(Protocol):
     async def extract(self, entries: Sequence[InboxEntry]) -> list[Candidate]: ...
 
 
-def entry_of(turn: Turn, include_default_user: bool) -> InboxEntry | None:
+def entry_of(turn: Turn, include_default_user: bool,
+             markers: tuple[str, ...] = AGENT_CONTEXT_MARKERS) -> InboxEntry | None:
     """The inbox entry for a completed turn, or None when it is not remembered (a side turn, a request
-    with `X-Memory-Scope: off`, or the anonymous default user unless configured)."""
+    with `X-Memory-Scope: off`, or the anonymous default user unless configured). The user's texts are
+    their own words (core/agent_context.py): the reminders, environment and internal context an agent puts
+    in a user message (`markers`) are not what the user said, and tool results are no text."""
     if turn.turn_type != TurnType.main or turn.memory_scope == "off":
         return None
     user, workspace = split_tenant(turn.tenant)
@@ -58,7 +61,7 @@ def entry_of(turn: Turn, include_default_user: bool) -> InboxEntry | None:
         if m.get("role") == "assistant":
             new = []
         elif m.get("role") == "user":
-            new.append(content_text(m.get("content"), "\n"))
+            new.append("\n".join(own_texts(m.get("content"), markers)))
     return InboxEntry(turn.turn_id, turn.session_id, user, workspace, turn.memory_scope, turn.turn_index,
                       turn.created_at, turn.last_in_session, [t for t in new if t.strip()], turn.response_text)
 

@@ -1,6 +1,6 @@
 """Skill injection at the Proxy: retrieve skills for the user's latest words, put them in the system prompt.
 
-The query is the user's own text of the latest user message that has any (serve/retrieval_query.py): an
+The query is the user's own text of the latest user message that has any (core/agent_context.py): an
 agent's tool results and the context it wraps around the user's message are not what the user asked.
 
 Uses the skills plane's read side (`evolve.retrieval.SkillSearch`) in-process — the one deliberate
@@ -23,9 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core.agent_context import latest_user_words
 from core.config import SkillsConfig
 from core.text import content_text
-from serve.retrieval_query import retrieval_query
 
 log = logging.getLogger("clawray.injection")
 
@@ -127,7 +127,7 @@ class SkillInjector:
         """Inject into `body` in place; returns (injected skill names, skill generation). `fits`: whether a
         skills block still fits the context (serve/context_manager.py `skill_fits`); None: no limit.
         `tenant` ("<user>/<workspace>"): its private skills are served too (evolve/scopes.py). `query`: what
-        to retrieve for (None: `retrieval_query` of the body's messages with the built-in markers)."""
+        to retrieve for (None: `latest_user_words` of the body's messages with the built-in markers)."""
         names, generation, _ = await self.inject_block(body, anthropic, fits, tenant, query)
         return names, generation
 
@@ -139,7 +139,7 @@ class SkillInjector:
         from evolve.scopes import request_scopes
 
         if query is None:
-            query = retrieval_query(body.get("messages"))
+            query = latest_user_words(body.get("messages"))
         scopes = request_scopes(tenant, self.cfg.groups) if tenant else None
         if self.cfg.retrieval == "embedding":  # query encoding is CPU work: keep it off the loop
             skills, generation = await asyncio.to_thread(self._retrieve, query, scopes)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core.agent_context import latest_user_words
 from core.config import MemoryConfig
 from core.db import DatabaseError
 from core.text import content_text
@@ -31,7 +32,6 @@ from memory.retrieval import MemorySearch
 from memory.store import MemoryStore
 from memory.units import request_scopes, split_tenant
 from serve.injection import add_to_system
-from serve.retrieval_query import retrieval_query
 
 log = logging.getLogger("clawray.memory_injection")
 
@@ -88,7 +88,7 @@ class MemoryInjector:
             from evolve.embedding import shared_cache  # the skills plane's offline MiniLM loader
 
             # The replica's one model and query cache, shared with embedding skill retrieval: the query (the
-            # user's latest words, serve/retrieval_query.py) that skills encoded is not encoded again here.
+            # user's latest words, core/agent_context.py) that skills encoded is not encoded again here.
             embedder = shared_cache(cfg.embedding_model, cfg.embedding_encoder)
         search = MemorySearch(open_memory_store(memory_dir, state), cfg, embedder)
         return cls(search, cfg, make_counter(tokenizer_path), max_model_len)
@@ -123,7 +123,7 @@ class MemoryInjector:
             return [], 0
         scopes = request_scopes(user, workspace, session_id, cap)
         if query is None:
-            query = retrieval_query(body.get("messages"))
+            query = latest_user_words(body.get("messages"))
         if not scopes or not query.strip():
             return [], 0
         result = await asyncio.to_thread(self.search.search, query, scopes)

@@ -28,6 +28,7 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, RayServeException
 
 from core import names
+from core.agent_context import context_markers, latest_user_words
 from core.config import ProxyConfig, SkillsConfig
 from core.storage import StorageLayout
 from memory import admin as mem
@@ -55,7 +56,6 @@ from serve.metrics import ProxyMetrics
 from serve.outbox import ActorPoolSink, Dispatcher, JsonlTurnSink
 from serve.protocol import EngineRequestError, Reply
 from serve.recorder import GroupCommit
-from serve.retrieval_query import context_markers, retrieval_query
 from serve.sessions import DB_FILE, SessionStore
 from serve.side import SideRules
 from serve.turns import RequestError, TurnMeta, extract_meta, turns_from_reply
@@ -88,7 +88,7 @@ class ProxyImpl:
         self.engine = engine
         self.cfg = ProxyConfig.model_validate(proxy)
         self.side_rules = SideRules.build(self.cfg.side_markers, self.cfg.extra_side_markers, self.cfg.side_models)
-        self.query_markers = context_markers(self.cfg.retrieval_skip_markers, self.cfg.extra_retrieval_skip_markers)
+        self.agent_markers = context_markers(self.cfg.agent_context_markers, self.cfg.extra_agent_context_markers)
         # Long sessions (serve/context_manager.py); `context`: cluster/serve_app.py `context_args`.
         self.context = ContextManager.from_args(self.cfg.context, context)  # None: the limit is unknown
         layout = StorageLayout(Path(storage_root)).ensure()
@@ -162,7 +162,7 @@ class ProxyImpl:
         if main:
             self.activity.note()
             mark = self.memory.mark(view, api.anthropic) if self.memory is not None else 0
-            query = retrieval_query(view.get("messages"), self.query_markers)  # the user's words, not tool results
+            query = latest_user_words(view.get("messages"), self.agent_markers)  # the user's words, not tool results
             if self.injector is not None:
                 fits = self.context.skill_fits(room) if room is not None else None
                 skills, generation, block = await self.injector.inject_block(view, api.anthropic, fits, meta.tenant, query)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
@@ -203,3 +204,32 @@ def test_ingest_now_reports_what_was_written(tmp_path):
     (report,) = asyncio.run(scenario())
     assert report["owner"] == ["alice", "w", "s1"] and report["inserted"] == 2
     json.dumps(report)  # travels over Ray and to the CLI as JSON
+
+
+RECORDED = [json.loads(line) for line in
+            (Path(__file__).with_name("agent_side_requests.jsonl")).read_text().splitlines()]
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex", "qwen-code", "openclaw"])
+def test_what_an_agent_puts_around_the_users_message_is_not_remembered_as_the_users(agent):
+    """Seen failing before core/agent_context.py: Claude Code's episode was "the user asked: <system-reminder>
+    Attribution for git commits ...", Qwen Code's reminders became a semantic unit, Codex's and OpenClaw's
+    episodes held their environment and internal context."""
+    from core.agent_context import AGENT_CONTEXT_MARKERS
+    from memory.extract import OfflineExtractor
+    from serve.apis import CHAT, MESSAGES, RESPONSES
+
+    rec = next(r for r in RECORDED if r["agent"] == agent and r["request"] == "main: the first request of a prompt")
+    api = {"chat": CHAT, "messages": MESSAGES, "responses": RESPONSES}[rec["api"]]
+    messages = api.view(json.loads(json.dumps(rec["body"])))["messages"]
+    e = entry_of(turn("", history=messages[:-1]).model_copy(update={"messages": messages}), False)
+    said = " ".join(e.user_texts)
+    assert "Create a file hello.txt saying hello" in said
+    assert not any(m in said for m in AGENT_CONTEXT_MARKERS), said[:300]
+    units = asyncio.run(OfflineExtractor().extract([e]))
+    assert [u.kind for u in units] == [Kind.episodic], [(u.kind, u.content[:80]) for u in units]
+    # An operator's own agent's tag, by the same config the Proxy reads (cluster/system.py start_memory).
+    mine = [*messages, {"role": "user", "content": [{"type": "text", "text": "Rename it"},
+                                                    {"type": "text", "text": "<mine>cwd=/w"}]}]
+    e = entry_of(turn("").model_copy(update={"messages": mine}), False, (*AGENT_CONTEXT_MARKERS, "<mine>"))
+    assert e.user_texts[-1] == "Rename it"

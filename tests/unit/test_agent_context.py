@@ -1,4 +1,4 @@
-"""What skills and memories are retrieved for (serve/retrieval_query.py): the user's own latest words in
+"""What skills and memories are retrieved for (core/agent_context.py): the user's own latest words in
 the requests real agents send (tests/unit/agent_side_requests.jsonl), not their tool results nor the
 context they wrap around the user's message.
 
@@ -15,12 +15,15 @@ from typing import Any
 
 import pytest
 
-from core.config import ProxyConfig, SkillsConfig
-from core.contracts import Skill
+from cluster.system import agent_markers
+from core.agent_context import AGENT_CONTEXT_MARKERS, context_markers, latest_user_words
+from core.config import ClawrayConfig, ProxyConfig, SkillsConfig
+from core.contracts import Sample, Skill, Turn
 from evolve.bank import SkillBank
+from evolve.evidence import evidence_from
+from evolve.loop import failure_from
 from serve.apis import CHAT, MESSAGES, RESPONSES
 from serve.injection import SkillInjector
-from serve.retrieval_query import AGENT_CONTEXT_MARKERS, context_markers, retrieval_query
 from tests.unit.test_serve_responses_route import _send
 from tests.unit.test_serve_responses_route import proxy as responses_proxy  # noqa: F401 - the in-process Proxy
 
@@ -40,7 +43,7 @@ def find(agent: str, request: str) -> dict[str, Any]:
 
 def query_of(rec: dict[str, Any]) -> str:
     """The query the Proxy retrieves for (serve/proxy.py `_prepare`): read from the API's chat view."""
-    return retrieval_query(APIS[rec["api"]].view(copy.deepcopy(rec["body"])).get("messages"))
+    return latest_user_words(APIS[rec["api"]].view(copy.deepcopy(rec["body"])).get("messages"))
 
 
 def test_the_recordings_hold_a_first_request_and_a_tool_loop_turn_of_five_agents():
@@ -65,24 +68,24 @@ def test_claude_codes_turn_after_a_slash_command_retrieves_for_the_question_afte
 
 def test_a_marker_counts_only_at_the_start_of_a_part_and_a_message_of_only_context_is_passed_over():
     quoting = f"Why does my hook print {AGENT_CONTEXT_MARKERS[0]} into the log?"
-    assert retrieval_query([{"role": "user", "content": quoting}]) == quoting
+    assert latest_user_words([{"role": "user", "content": quoting}]) == quoting
     msgs = [{"role": "user", "content": "Rename the report"},
             {"role": "assistant", "content": "done"},
             {"role": "user", "content": "  <system-reminder>\nThe date changed.</system-reminder>"},
             {"role": "tool", "tool_call_id": "1", "content": "ok"}]
-    assert retrieval_query(msgs) == "Rename the report"
-    assert retrieval_query([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]) == ""
-    assert retrieval_query(None) == "" and retrieval_query([]) == ""
+    assert latest_user_words(msgs) == "Rename the report"
+    assert latest_user_words([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]) == ""
+    assert latest_user_words(None) == "" and latest_user_words([]) == ""
 
 
 def test_the_markers_are_the_operators_to_replace_or_extend():
-    cfg = ProxyConfig.model_validate({"extra_retrieval_skip_markers": ["<my-agent-context>"]})
-    markers = context_markers(cfg.retrieval_skip_markers, cfg.extra_retrieval_skip_markers)
+    cfg = ProxyConfig.model_validate({"extra_agent_context_markers": ["<my-agent-context>"]})
+    markers = context_markers(cfg.agent_context_markers, cfg.extra_agent_context_markers)
     assert markers == (*AGENT_CONTEXT_MARKERS, "<my-agent-context>")
     msgs = [{"role": "user", "content": [{"type": "text", "text": "Back up the notes"},
                                          {"type": "text", "text": "<my-agent-context>cwd=/w"}]}]
-    assert retrieval_query(msgs, markers) == "Back up the notes"
-    assert retrieval_query(msgs, context_markers([])) == "Back up the notes <my-agent-context>cwd=/w"
+    assert latest_user_words(msgs, markers) == "Back up the notes"
+    assert latest_user_words(msgs, context_markers([])) == "Back up the notes <my-agent-context>cwd=/w"
 
 
 FILES = Skill(name="name-files-in-lowercase", category="file_operations",
@@ -132,3 +135,25 @@ def test_the_injector_alone_retrieves_for_the_users_words_too(tmp_path):
     body = MESSAGES.view(copy.deepcopy(find("claude-code", "main: after its tool call ran")["body"]))
     names, _ = asyncio.run(injector.inject(body, anthropic=True))
     assert names == [FILES.name]
+
+
+def _turn(rec: dict[str, Any]) -> tuple[Turn, Sample]:
+    messages = APIS[rec["api"]].view(copy.deepcopy(rec["body"]))["messages"]
+    turn = Turn(session_id="s1", turn_index=1, prompt_ids=[1], response_ids=[2], response_logprobs=[-1.0],
+                messages=messages, response_text="", next_state=[{"role": "user", "content": "Wrong file name."}])
+    return turn, Sample.from_turn(turn, reward=-1.0, trainable=True)
+
+
+@pytest.mark.parametrize("agent, request_", [a for a in TOOL_LOOP if a[0] in ("claude-code", "openclaw", "qwen-code")],
+                         ids=lambda v: v)
+def test_the_evolvers_read_the_instruction_a_failed_turn_worked_on(agent, request_):
+    """A failure the fast loop distils, and an evidence row of the collective job: the user's request, not
+    Claude Code's tool result (its last user message after a tool call) or an agent's reminders."""
+    turn, sample = _turn(find(agent, request_))
+    assert failure_from(turn, sample).instruction.startswith(("[Wed 2026-12-02 13:29 UTC] " + ASKED, ASKED))
+    assert evidence_from(turn, sample, []).instruction == failure_from(turn, sample).instruction
+    # An operator's tags reach the evolvers as they reach the Proxy (cluster/system.py `agent_markers`).
+    cfg = ClawrayConfig.model_validate({"proxy": {"agent_context_markers": []}})
+    assert agent_markers(cfg) == () and agent_markers(ClawrayConfig()) == AGENT_CONTEXT_MARKERS
+    if agent != "openclaw":
+        assert failure_from(turn, sample, agent_markers(cfg)).instruction != failure_from(turn, sample).instruction
