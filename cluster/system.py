@@ -104,7 +104,7 @@ def ensure_actors(cfg: ClawrayConfig, *, detached: bool = True, progress=None) -
     prms = start_prm_pool(cfg.rewards, functools.partial(ReplayActorSink, names.REPLAY, ns), namespace=ns,
                           detached=detached, tokenizer_path=cfg.model_path(), workspace_root=workspaces,
                           judge_max_tokens=cfg.rewards.judge_max_tokens, engine_judge=engine_judge(cfg),
-                          evolver_name=names.EVOLVER,
+                          evolver_name=names.EVOLVER, agent_markers=agent_markers(cfg),
                           observer_names=(names.MEMORY,) if cfg.memory.enabled else ())
     handles.update(zip(sink_names(cfg), prms, strict=True))
     ray.get(evolver.start_collective.remote())  # its schedule asks OMLS (below) whether serving is idle

@@ -1,7 +1,7 @@
 """What in a user message is the user's own words, and what an agent added to it: read one way by the
 Proxy (what skills and memories are retrieved for: serve/injection.py, serve/memory_injection.py), by
-memory (what a turn says the user said, memory/ingest.py) and by the evolvers (the instruction a failed
-turn answered, evolve/evidence.py).
+memory (what a turn says the user said, memory/ingest.py), by the evolvers (the instruction a failed
+turn answered, evolve/evidence.py) and by the PRM judge (where a turn's instruction starts, rewards/judge.py).
 
 Real agents do not send the user's message as typed (tests/unit/agent_side_requests.jsonl, recorded from
 each agent in interactive use): Claude Code and Qwen Code put `<system-reminder>` parts (tool lists, the

@@ -193,6 +193,6 @@ class ProxyConfig(Section):
     side_models: list[str] = Field(default_factory=list)  # model ids whose requests are side requests
     # Parts of a user message an agent adds (reminders, environment, internal context), by their opening tag:
     # not the user's words: skills and memories are not retrieved for them, memory does not remember them as
-    # said by the user, the evolvers do not read them as a turn's instruction (core/agent_context.py).
+    # said by the user, the evolvers and the judge do not read them as a turn's instruction (core/agent_context.py).
     agent_context_markers: list[str] | None = None  # None: the built-in markers, seen in real agents' traffic
     extra_agent_context_markers: list[str] = Field(default_factory=list)  # added to them

@@ -13,6 +13,7 @@ import json
 import re
 from typing import Any
 
+from core.agent_context import AGENT_CONTEXT_MARKERS, own_texts
 from core.contracts import Turn
 from rewards.tokens import Keep, TokenCounter
 
@@ -108,14 +109,20 @@ def render_messages(messages: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def turn_parts(turn: Turn, use_next_state: bool) -> dict[str, str]:
-    """The judge-visible parts of a turn, sanitized, before budgeting."""
+def turn_parts(turn: Turn, use_next_state: bool,
+               markers: tuple[str, ...] = AGENT_CONTEXT_MARKERS) -> dict[str, str]:
+    """The judge-visible parts of a turn, sanitized, before budgeting. `markers`: what in a user message is
+    the agent's, not the user's words (core/agent_context.py)."""
     msgs = turn.messages
     system = "\n".join(message_text(m) for m in msgs if m.get("role") in ("system", "developer"))
-    last_user = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=None)
-    # The instruction is the last user message plus what followed it inside this request (the
-    # assistant's earlier tool calls and their results in an agent loop).
-    tail = [] if last_user is None else msgs[last_user:]
+    users = [i for i, m in enumerate(msgs) if m.get("role") == "user"]
+    # The instruction is the user's latest request plus what followed it inside this request (the
+    # assistant's earlier tool calls and their results in an agent loop): the latest user message with
+    # words of the user's own, not Claude Code's tool results (user messages of `tool_result` blocks) nor an
+    # agent's context message after it (OpenClaw's); the last user message when none has any.
+    own = [i for i in users if own_texts(msgs[i].get("content"), markers)]
+    start = own[-1] if own else (users[-1] if users else None)
+    tail = [] if start is None else msgs[start:]
     instruction = render_messages(tail) if len(tail) > 1 else (message_text(tail[0]) if tail else "")
     response = "\n".join(x for x in (turn.response_text, render_tool_calls(turn.tool_calls)) if x)
     parts = {"system": system, "instruction": instruction, "response": response}
@@ -149,7 +156,8 @@ def allocate(needs: dict[str, int], budget: int, weights: dict[str, float]) -> d
 
 
 def build_judge_messages(
-    turn: Turn, *, tokens: TokenCounter, budget: int, use_next_state: bool = True
+    turn: Turn, *, tokens: TokenCounter, budget: int, use_next_state: bool = True,
+    markers: tuple[str, ...] = AGENT_CONTEXT_MARKERS,
 ) -> list[dict[str, str]]:
     """The chat messages asking a judge to score `turn` (system + one user message).
 
@@ -158,8 +166,9 @@ def build_judge_messages(
         tokens: counts and truncates text in the judge's tokens.
         budget: total tokens for the turn's parts (the fixed instructions around them are extra).
         use_next_state: show what followed the turn (config `rewards.use_next_state`).
+        markers: what in a user message is the agent's (`proxy.agent_context_markers`, core/agent_context.py).
     """
-    parts = turn_parts(turn, use_next_state)
+    parts = turn_parts(turn, use_next_state, markers)
     needs = {k: tokens.count(v) for k, v in parts.items()}
     caps = allocate(needs, budget, WEIGHTS)
     cut = {k: tokens.truncate(v, caps[k], KEEP[k]) if needs[k] > caps[k] else v for k, v in parts.items()}

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from core import names
+from core.agent_context import AGENT_CONTEXT_MARKERS
 from core.config import RewardsConfig
 from core.contracts import Sample, Turn
 from rewards.errors import ScoringError, SinkUnavailable
@@ -92,10 +93,11 @@ class PRM:
         namespace: str = names.DEFAULT_NAMESPACE,
         judge_max_tokens: int = DEFAULT_JUDGE_MAX_TOKENS,
         engine_judge: dict[str, str] | None = None,
+        agent_markers: tuple[str, ...] = AGENT_CONTEXT_MARKERS,
     ):
         self.scorer = Scorer.from_config(
             cfg, tokenizer_path=tokenizer_path, workspace_root=workspace_root, judge_max_tokens=judge_max_tokens,
-            engine_judge=engine_judge,
+            engine_judge=engine_judge, agent_markers=agent_markers,
         )
         self.sink = sink_factory()
         self.evolver = EvolverNotifier(evolver_name, namespace)

@@ -10,6 +10,7 @@ import logging
 import tempfile
 from pathlib import Path
 
+from core.agent_context import AGENT_CONTEXT_MARKERS
 from core.config import ConfigError, RewardsConfig
 from core.contracts import Sample, Turn, TurnType, Vote
 from core.llm import LLMClient, LLMError
@@ -65,6 +66,7 @@ class Scorer:
         policy_tokens: HFTokens | None = None,
         workspace_root: str | Path | None = None,
         judge_max_tokens: int = DEFAULT_JUDGE_MAX_TOKENS,
+        agent_markers: tuple[str, ...] = AGENT_CONTEXT_MARKERS,
     ):
         if teacher is not None and policy_tokens is None:
             raise ConfigError(
@@ -78,6 +80,7 @@ class Scorer:
         self.policy_tokens = policy_tokens
         self.workspace_root = Path(workspace_root) if workspace_root else None
         self.judge_max_tokens = judge_max_tokens
+        self.agent_markers = tuple(agent_markers)  # what in a user message is the agent's (core/agent_context.py)
         self.rule = SessionRule(cfg.at_least_one_trainable_per_session)
         self._teacher_checked = False
 
@@ -90,6 +93,7 @@ class Scorer:
         workspace_root: str | Path | None = None,
         judge_max_tokens: int = DEFAULT_JUDGE_MAX_TOKENS,
         engine_judge: dict[str, str] | None = None,
+        agent_markers: tuple[str, ...] = AGENT_CONTEXT_MARKERS,
     ) -> Scorer:
         """Build clients from `cfg.judge`/`cfg.teacher`; `tokenizer_path` = the policy's tokenizer.
 
@@ -112,6 +116,7 @@ class Scorer:
             policy_tokens=tokens if isinstance(tokens, HFTokens) else None,
             workspace_root=workspace_root,
             judge_max_tokens=judge_max_tokens,
+            agent_markers=agent_markers,
         )
 
     async def check_teacher(self) -> None:
@@ -212,7 +217,7 @@ class Scorer:
             return []
         use_next = self.cfg.use_next_state if use_next_state is None else use_next_state
         messages = build_judge_messages(turn, tokens=self.tokens, budget=self.cfg.judge_token_budget,
-                                        use_next_state=use_next)
+                                        use_next_state=use_next, markers=self.agent_markers)
         calls = [
             self.judge.chat(messages, temperature=self.cfg.temperature, max_tokens=self.judge_max_tokens)
             for _ in range(self.cfg.votes)

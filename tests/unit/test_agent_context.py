@@ -22,6 +22,7 @@ from core.contracts import Sample, Skill, Turn
 from evolve.bank import SkillBank
 from evolve.evidence import evidence_from
 from evolve.loop import failure_from
+from rewards.judge import turn_parts
 from serve.apis import CHAT, MESSAGES, RESPONSES
 from serve.injection import SkillInjector
 from tests.unit.test_serve_responses_route import _send
@@ -157,3 +158,21 @@ def test_the_evolvers_read_the_instruction_a_failed_turn_worked_on(agent, reques
     assert agent_markers(cfg) == () and agent_markers(ClawrayConfig()) == AGENT_CONTEXT_MARKERS
     if agent != "openclaw":
         assert failure_from(turn, sample, agent_markers(cfg)).instruction != failure_from(turn, sample).instruction
+
+
+@pytest.mark.parametrize("agent, request_", [a for a in TOOL_LOOP if a[0] in ("claude-code", "openclaw")],
+                         ids=lambda v: v)
+def test_the_prm_judge_sees_the_request_the_turn_worked_on(agent, request_):
+    """The judge's "Instruction" is the user's request and what followed it in the request (the loop's tool
+    calls and results), not just Claude Code's tool result or OpenClaw's internal context after it. Seen
+    failing before: the judge of those turns never saw the task it scored a reply to."""
+    turn, _ = _turn(find(agent, request_))
+    instruction = turn_parts(turn, use_next_state=True)["instruction"]
+    assert ASKED in instruction, instruction[:300]
+    if agent == "claude-code" and "tool call" in request_:
+        assert "Bash completed with no output" in instruction  # the tool's result, after the request
+    # The tags are the operator's (cluster/system.py passes the same ones to the PRMs): with none, OpenClaw's
+    # internal context is the user's latest words again, and the judge sees only it.
+    none = agent_markers(ClawrayConfig.model_validate({"proxy": {"agent_context_markers": []}}))
+    if agent == "openclaw":
+        assert ASKED not in turn_parts(turn, True, none)["instruction"]
