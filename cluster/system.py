@@ -138,7 +138,7 @@ def engine_judge(cfg: ClawrayConfig) -> dict[str, str] | None:
 
 def agent_markers(cfg: ClawrayConfig) -> tuple[str, ...]:
     """What in a user message is the agent's, not the user's words (core/agent_context.py): the Proxy reads
-    the same `proxy.*` keys for retrieval; memory and the evolvers take them from here."""
+    the same `proxy.*` keys for retrieval; memory, the evolvers and the PRMs take them from here."""
     return context_markers(cfg.proxy.agent_context_markers, cfg.proxy.extra_agent_context_markers)
 
 
