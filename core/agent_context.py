@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from core.text import text_parts
+
 # The opening tag of each context part seen in the agents' interactive traffic (docs/agents.md "What skills
 # and memories are retrieved for").
 AGENT_CONTEXT_MARKERS: tuple[str, ...] = (
@@ -53,20 +55,21 @@ def context_markers(markers: Sequence[str] | None = None, extra: Sequence[str] =
 def own_texts(content: Any, markers: tuple[str, ...] = AGENT_CONTEXT_MARKERS) -> list[str]:
     """The user's own texts of a message's content: its text parts (or the string) that are neither blank
     nor an agent's context part."""
-    if isinstance(content, str):
-        parts = [content]
-    elif isinstance(content, list):
-        parts = [t for p in content if isinstance(p, dict) and isinstance(t := p.get("text"), str)]
-    else:
-        return []
-    return [t for t in parts if t.strip() and not t.lstrip().startswith(markers)]
+    return [t for t in text_parts(content) if t.strip() and not t.lstrip().startswith(markers)]
+
+
+def latest_user_request(messages: Any, markers: tuple[str, ...] = AGENT_CONTEXT_MARKERS) -> tuple[int, str] | None:
+    """(index, the user's own text) of the latest user message that has any; None when none does."""
+    if not isinstance(messages, list):
+        return None
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if isinstance(m, dict) and m.get("role") == "user" and (texts := own_texts(m.get("content"), markers)):
+            return i, " ".join(texts)
+    return None
 
 
 def latest_user_words(messages: Any, markers: tuple[str, ...] = AGENT_CONTEXT_MARKERS) -> str:
     """The user's own text of the latest user message that has any ("" when none does)."""
-    if not isinstance(messages, list):
-        return ""
-    for m in reversed(messages):
-        if isinstance(m, dict) and m.get("role") == "user" and (texts := own_texts(m.get("content"), markers)):
-            return " ".join(texts)
-    return ""
+    found = latest_user_request(messages, markers)
+    return found[1] if found else ""

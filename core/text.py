@@ -12,9 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 
-def content_text(content: Any, sep: str = " ") -> str:
+def text_parts(content: Any) -> list[str]:
+    """Each text of a content: the string, or each part's string `text` (tool results are no text parts)."""
     if isinstance(content, str):
-        return content
+        return [content]
     if isinstance(content, list):
-        return sep.join(t for p in content if isinstance(p, dict) and isinstance(t := p.get("text"), str))
-    return ""
+        return [t for p in content if isinstance(p, dict) and isinstance(t := p.get("text"), str)]
+    return []
+
+
+def content_text(content: Any, sep: str = " ") -> str:
+    return sep.join(text_parts(content))

@@ -158,16 +158,15 @@ def turn_texts(turn: Turn, markers: tuple[str, ...] = AGENT_CONTEXT_MARKERS) -> 
     instruction is the user's latest own words (core/agent_context.py): in an agent's tool loop that is the
     request the loop works on, not the tool result or the agent's reminders in the last user message; a
     conversation with no words of the user's reads its last user message whole (a tool result's text too)."""
-    user = next((m for m in reversed(turn.messages) if m.get("role") == "user"), {})
-    if words := latest_user_words(turn.messages, markers):
-        user = {"content": words}
+    instruction = latest_user_words(turn.messages, markers) or _text(
+        next((m for m in reversed(turn.messages) if m.get("role") == "user"), {}).get("content"))
     feedback = "\n".join(_text(m.get("content")) for m in (turn.next_state or []))
     response = turn.response_text
     if turn.tool_calls:
         response += "\n[tool calls] " + "; ".join(
             str((c.get("function") or {}).get("name", "")) + str((c.get("function") or {}).get("arguments", ""))
             for c in turn.tool_calls)
-    return _text(user.get("content")), response, feedback
+    return instruction, response, feedback
 
 
 def evidence_from(turn: Turn, sample: Sample, known: Iterable[str],

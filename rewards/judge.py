@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from core.agent_context import AGENT_CONTEXT_MARKERS, own_texts
+from core.agent_context import AGENT_CONTEXT_MARKERS, latest_user_request
 from core.contracts import Turn
 from rewards.tokens import Keep, TokenCounter
 
@@ -115,13 +115,12 @@ def turn_parts(turn: Turn, use_next_state: bool,
     the agent's, not the user's words (core/agent_context.py)."""
     msgs = turn.messages
     system = "\n".join(message_text(m) for m in msgs if m.get("role") in ("system", "developer"))
-    users = [i for i, m in enumerate(msgs) if m.get("role") == "user"]
     # The instruction is the user's latest request plus what followed it inside this request (the
     # assistant's earlier tool calls and their results in an agent loop): the latest user message with
     # words of the user's own, not Claude Code's tool results (user messages of `tool_result` blocks) nor an
     # agent's context message after it (OpenClaw's); the last user message when none has any.
-    own = [i for i in users if own_texts(msgs[i].get("content"), markers)]
-    start = own[-1] if own else (users[-1] if users else None)
+    found = latest_user_request(msgs, markers)
+    start = found[0] if found else max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=None)
     tail = [] if start is None else msgs[start:]
     instruction = render_messages(tail) if len(tail) > 1 else (message_text(tail[0]) if tail else "")
     response = "\n".join(x for x in (turn.response_text, render_tool_calls(turn.tool_calls)) if x)

@@ -23,6 +23,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from core.text import text_parts
+
 # The opening phrase of each auxiliary prompt seen in the agents' interactive traffic (docs/agents.md has
 # the request each comes from). Kept short: enough to be the agent's own words, not a whole prompt.
 AGENT_SIDE_MARKERS: tuple[str, ...] = (
@@ -90,28 +92,19 @@ class SideRules:
 DEFAULT_RULES = SideRules()
 
 
-def _texts(content: Any) -> list[str]:
-    """Each text of a message's content: the string, or each text part (tool results are not text parts)."""
-    if isinstance(content, str):
-        return [content]
-    if isinstance(content, list):
-        return [t for p in content if isinstance(p, dict) and isinstance(t := p.get("text"), str)]
-    return []
-
-
 def system_texts(body: dict[str, Any], messages: list[dict[str, Any]]) -> list[str]:
     """Anthropic's `system` (each block), then each system/developer message before the first user one."""
-    out = _texts(body.get("system"))
+    out = text_parts(body.get("system"))
     for m in messages:
         if not isinstance(m, dict) or m.get("role") not in ("system", "developer"):
             break
-        out += _texts(m.get("content"))
+        out += text_parts(m.get("content"))
     return out
 
 
 def last_user_texts(messages: list[dict[str, Any]]) -> list[str]:
     last = next((m for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), None)
-    return _texts(last.get("content")) if last is not None else []
+    return text_parts(last.get("content")) if last is not None else []
 
 
 def _starts_a_line(text: str, marker: str) -> bool:

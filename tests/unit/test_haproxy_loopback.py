@@ -107,7 +107,6 @@ def test_a_strict_wrapper_refuses_a_listener_beyond_loopback_and_starts_nothing(
     assert not is_strict_wrapper(str(lax)) and not is_strict_wrapper(sys.executable)
 
 
-
 @pytest.mark.parametrize("seed", range(8))
 def test_the_replicas_port_ranges_lie_below_the_kernels_ephemeral_ports(tmp_path, seed, monkeypatch):
     """Ray's own processes listen on ports the kernel picks from its ephemeral range (on all interfaces,
