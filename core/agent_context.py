@@ -10,7 +10,8 @@ command's caveat, name and output; Codex sends `<environment_context>` as a user
 OpenClaw puts its internal context (`<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>`) in a user message after the
 user's. Tool results (Anthropic `tool_result` blocks) are no text (core/text.py). A text part, or a string
 content, that starts with one of the agents' opening tags is the agent's; matched at the start of a part
-only, so a user who quotes a tag mid-sentence is read as written.
+only, so a user who quotes a tag mid-sentence is read as written. OpenClaw also wraps the user's own text:
+a time stamp before it, and in a conversation's first user message its runtime line after it (`unwrap`).
 
 Read as "the last user message", those requests retrieved for the wrong text: Claude Code sends each tool's
 output back as a user message of `tool_result` blocks only, so the turns of its tool loop had no query at
@@ -24,6 +25,7 @@ skills, the same system prompt, a prefix the engine can reuse.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,6 +47,24 @@ AGENT_CONTEXT_MARKERS: tuple[str, ...] = (
 )
 
 
+# OpenClaw 2026.9.6's wrapping of the user's own text. Before it, the time stamp it puts on every user message
+# ("[Wed 2026-12-02 13:29 UTC] ": an optional weekday, the date, the time with optional seconds, a short zone
+# name; its `formatZonedTimestamp`). After it, in a conversation's first user message, the runtime line it
+# moves there from the system prompt so that the system prompt stays the same across conversations ("\n\n"
+# + "Runtime: agent=main | session=... | os=linux (x64) | model=..."; with list content, a text part of its
+# own): key=value pairs, and the message's last line.
+_STAMP = re.compile(r"\[(?:[A-Z][a-z]{2} )?\d{4}-\d{2}-\d{2} \d{2}:\d{2}(?::\d{2})?(?: [^\]\n]{1,40})?\] ")
+_RUNTIME = re.compile(r"(?:\A|\n\n)Runtime: [a-z_]+=[^\n]*\Z")
+
+
+def unwrap(text: str) -> str:
+    """`text` less an agent's wrapping of what the user typed (OpenClaw's time stamp and runtime line)."""
+    stamp = _STAMP.match(text)
+    if stamp:
+        text = text[stamp.end():]
+    return _RUNTIME.sub("", text) if "Runtime: " in text else text
+
+
 def context_markers(markers: Sequence[str] | None = None, extra: Sequence[str] = ()) -> tuple[str, ...]:
     """`markers` replaces the built-in ones (None keeps them); `extra` is added (`proxy.agent_context_markers`,
     `proxy.extra_agent_context_markers`)."""
@@ -54,8 +74,9 @@ def context_markers(markers: Sequence[str] | None = None, extra: Sequence[str] =
 
 def own_texts(content: Any, markers: tuple[str, ...] = AGENT_CONTEXT_MARKERS) -> list[str]:
     """The user's own texts of a message's content: its text parts (or the string) that are neither blank
-    nor an agent's context part."""
-    return [t for t in text_parts(content) if t.strip() and not t.lstrip().startswith(markers)]
+    nor an agent's context part, unwrapped (`unwrap`)."""
+    texts = (unwrap(t) for t in text_parts(content) if not t.lstrip().startswith(markers))
+    return [t for t in texts if t.strip()]
 
 
 def latest_user_request(messages: Any, markers: tuple[str, ...] = AGENT_CONTEXT_MARKERS) -> tuple[int, str] | None:

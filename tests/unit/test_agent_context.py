@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cluster.system import agent_markers
-from core.agent_context import AGENT_CONTEXT_MARKERS, context_markers, latest_user_words
+from core.agent_context import AGENT_CONTEXT_MARKERS, context_markers, latest_user_words, own_texts
 from core.config import ClawrayConfig, ProxyConfig, SkillsConfig
 from core.contracts import Sample, Skill, Turn
 from evolve.bank import SkillBank
@@ -58,8 +58,9 @@ def test_each_agents_first_request_and_tool_loop_turn_retrieve_for_what_the_user
     query = query_of(find(agent, request_))
     assert ASKED in query
     assert not any(m in query for m in AGENT_CONTEXT_MARKERS), query[:200]
-    # OpenClaw stamps the user's message and appends its runtime line: the user's message still.
-    assert query == ASKED or agent == "openclaw"
+    # OpenClaw stamps the user's message and appends its runtime line to it: neither is the user's. Seen failing
+    # before: OpenClaw's query was "[Wed 2026-12-02 13:29 UTC] Create a file ...\n\nRuntime: agent=main | ...".
+    assert query == ASKED
 
 
 def test_claude_codes_turn_after_a_slash_command_retrieves_for_the_question_after_it():
@@ -77,6 +78,28 @@ def test_a_marker_counts_only_at_the_start_of_a_part_and_a_message_of_only_conte
     assert latest_user_words(msgs) == "Rename the report"
     assert latest_user_words([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]) == ""
     assert latest_user_words(None) == "" and latest_user_words([]) == ""
+
+
+def test_openclaws_stamp_and_runtime_line_around_the_users_words_are_not_theirs():
+    """OpenClaw 2026.9.6 sends "[<weekday> <date> <time> <zone>] <what the user typed>" and, in a conversation's
+    first user message, its runtime line after it (a string: "\\n\\nRuntime: ..."; list content: a part of its
+    own), moved there from the system prompt. Seen failing before: both were read as the user's words."""
+    runtime = "Runtime: agent=main | session=agent:main:main | os=linux (x64) | node=v24.11.1 | model=up/m"
+    first = {"role": "user", "content": f"[Wed 2026-12-02 13:29 UTC] Rename the report\n\n{runtime}"}
+    assert latest_user_words([first]) == "Rename the report"
+    parts = {"role": "user", "content": [{"type": "text", "text": "[Thu 2026-12-03 09:05:07 GMT+1] Back up notes"},
+                                         {"type": "text", "text": runtime}]}
+    assert latest_user_words([parts]) == "Back up notes"
+    assert own_texts(parts["content"]) == ["Back up notes"]
+    later = {"role": "user", "content": "[Wed 2026-12-02 13:31 UTC] Now list the files"}
+    assert latest_user_words([first, {"role": "assistant", "content": "ok"}, later]) == "Now list the files"
+    # What a user types that only looks like it stays as written: a stamp not at the start, a runtime line
+    # that is not the message's last, a "Runtime:" that is not OpenClaw's key=value line.
+    for typed in ("Why did the 2026-12-02 13:29 job fail?", "See [2026-12-02 13:29 UTC] in the log",
+                  "Runtime: agent=main | os=linux\n\nwhy is this line in my prompt?",
+                  "Compare the two.\n\nRuntime: 3 seconds on the old box"):
+        assert latest_user_words([{"role": "user", "content": typed}]) == typed
+    assert latest_user_words([{"role": "user", "content": runtime}]) == ""  # nothing of the user's left
 
 
 def test_the_markers_are_the_operators_to_replace_or_extend():
@@ -151,7 +174,7 @@ def test_the_evolvers_read_the_instruction_a_failed_turn_worked_on(agent, reques
     """A failure the fast loop distils, and an evidence row of the collective job: the user's request, not
     Claude Code's tool result (its last user message after a tool call) or an agent's reminders."""
     turn, sample = _turn(find(agent, request_))
-    assert failure_from(turn, sample).instruction.startswith(("[Wed 2026-12-02 13:29 UTC] " + ASKED, ASKED))
+    assert failure_from(turn, sample).instruction.startswith(ASKED)
     assert evidence_from(turn, sample, []).instruction == failure_from(turn, sample).instruction
     # An operator's tags reach the evolvers as they reach the Proxy (cluster/system.py `agent_markers`).
     cfg = ClawrayConfig.model_validate({"proxy": {"agent_context_markers": []}})

@@ -226,6 +226,7 @@ def test_what_an_agent_puts_around_the_users_message_is_not_remembered_as_the_us
     said = " ".join(e.user_texts)
     assert "Create a file hello.txt saying hello" in said
     assert not any(m in said for m in AGENT_CONTEXT_MARKERS), said[:300]
+    assert "Runtime:" not in said and "UTC]" not in said, said[:300]  # OpenClaw's stamp and runtime line
     units = asyncio.run(OfflineExtractor().extract([e]))
     assert [u.kind for u in units] == [Kind.episodic], [(u.kind, u.content[:80]) for u in units]
     # An operator's own agent's tag, by the same config the Proxy reads (cluster/system.py start_memory).
