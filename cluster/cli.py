@@ -376,14 +376,16 @@ _mount_agents()
 
 
 def main() -> None:
+    # An error's text is printed as written (`escape`): a path or log line in brackets ("[/tmp/.../haproxy.cfg:45]")
+    # is no markup tag, and read as one it crashed the printer itself (tests/unit/test_cli_errors.py).
     logging.basicConfig(level=logging.WARNING)
     try:
         code = app(standalone_mode=False)  # without standalone mode click returns an Exit's code
     except CLIError as e:
-        console.print(f"[red]error:[/] {e}" + (f"\n[dim]hint: {e.hint}[/]" if e.hint else ""))
+        console.print(f"[red]error:[/] {escape(str(e))}" + (f"\n[dim]hint: {escape(e.hint)}[/]" if e.hint else ""))
         raise SystemExit(2) from None
     except ConfigError as e:
-        console.print(f"[red]config error:[/] {e}\n[dim]hint: fix the key named above, or see `clawray config show`[/]")
+        console.print(f"[red]config error:[/] {escape(str(e))}\n[dim]hint: fix the key named above, or see `clawray config show`[/]")
         raise SystemExit(2) from None
     except (typer.Abort, KeyboardInterrupt):
         raise SystemExit(130) from None
@@ -395,7 +397,7 @@ def main() -> None:
             raise SystemExit(e.exit_code) from None
         if isinstance(e, click.exceptions.Exit):
             raise SystemExit(e.exit_code) from None
-        console.print(f"[red]error:[/] {type(e).__name__}: {e}\n[dim]hint: set CLAWRAY_DEBUG=1 for the traceback[/]")
+        console.print(f"[red]error:[/] {type(e).__name__}: {escape(str(e))}\n[dim]hint: set CLAWRAY_DEBUG=1 for the traceback[/]")
         if os.environ.get("CLAWRAY_DEBUG"):
             raise
         raise SystemExit(1) from None

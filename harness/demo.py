@@ -38,6 +38,7 @@ from typing import Any
 import ray
 from rich.console import Console
 from rich.markdown import Markdown
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -411,7 +412,7 @@ class Demo:
         for col in ("stage", "happened", "evidence"):
             t.add_column(col)
         for v in verdicts:
-            t.add_row(v.stage, "[green]yes[/]" if v.passed else "[red]NO[/]", v.detail)
+            t.add_row(v.stage, "[green]yes[/]" if v.passed else "[red]NO[/]", escape(v.detail))
         self.console.print(t)
         return verdicts
 
@@ -493,6 +494,6 @@ def run_demo(cfg: ClawrayConfig, workload: Path | None = None, console: Console 
     if failed is None:
         console.print("[green]demo finished: every stage happened; nothing left running[/]")
     else:
-        console.print(f"[red]demo failed: stage '{failed.stage}' did not happen[/] ({failed.promise}): "
-                      f"{failed.detail}")
+        console.print(f"[red]demo failed: stage '{failed.stage}' did not happen[/] ({escape(failed.promise)}): "
+                      f"{escape(failed.detail)}")  # as written: an error's text may hold "[...]"
     return verdicts
