@@ -409,17 +409,15 @@ def _free_port() -> int:
 
 
 def _ha_proxy_env() -> None:
-    """HAProxy mode, read by Serve at start (so before Ray starts). Its stats/metrics ports are fixed by
-    default: free ones, so two runs on one host (other people's clusters) do not collide."""
-    import random
+    """HAProxy mode, read by Serve at start (so before Ray starts), with the ports and private folder clawray
+    gives it (cluster/serve_app.py `haproxy_env`: free ports below the kernel's ephemeral range, so two runs
+    on one host do not collide and no socket opened meanwhile takes one)."""
+    import tempfile
 
-    os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
-    os.environ.setdefault("RAY_SERVE_HAPROXY_STATS_PORT", str(_free_port()))
-    os.environ.setdefault("RAY_SERVE_HAPROXY_METRICS_PORT", str(_free_port()))
-    base = random.randrange(20000, 60000, 200)  # replica ports: [base, base+99] HTTP, then gRPC
-    for name, lo in (("HTTP", base), ("GRPC", base + 100)):
-        os.environ.setdefault(f"RAY_SERVE_DIRECT_INGRESS_MIN_{name}_PORT", str(lo))
-        os.environ.setdefault(f"RAY_SERVE_DIRECT_INGRESS_MAX_{name}_PORT", str(lo + 99))
+    from cluster.serve_app import haproxy_env
+
+    for name, value in haproxy_env(Path(tempfile.mkdtemp(prefix="cr-ha-bench-"))).items():
+        os.environ.setdefault(name, value)
 
 
 def main() -> None:

@@ -43,14 +43,6 @@ def engine_env(cfg: ClawrayConfig) -> dict[str, str]:
 HAPROXY_MAX_SOCKET_PATH = 97  # HAProxy 2.8's limit for a unix socket path (its log target's, here)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _ephemeral_start() -> int:
     """The first port of the kernel's ephemeral range."""
     try:
@@ -59,15 +51,40 @@ def _ephemeral_start() -> int:
         return 32768  # Linux's default; elsewhere (macOS: 49152) the range also starts above it
 
 
-def _replica_port_base(first: int, rng: Any, span: int = 200) -> int:
-    """The first of `span` ports for the replicas' direct ingress (HTTP, then gRPC), below the kernel's
-    ephemeral range where there is room: every Ray process listens on ports the kernel picks from that
-    range (on all interfaces, behind Ray's token auth), so a range inside it can hold one of them: a port
-    Serve cannot bind, and an RPC listener that looks like a replica's (seen once: a replica's own RPC port
-    inside its HTTP range). `first`: the ephemeral range's first port; `rng`: a `random.Random`."""
-    if first - span > 20000:  # above Ray's own defaults (10001 its client server, 10002-19999 `ray start`'s workers)
-        return rng.randrange(20000, first - span + 1, span)
-    return rng.randrange(20000, 60000, span)  # no room below it: a range among the ephemeral ports
+def _bindable(port: int) -> bool:
+    """Whether nothing holds `port` now, on any interface (the fallback proxy binds Serve's HTTP host)."""
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+SINGLE_PORTS = 4  # HAProxy's stats and metrics ports, the fallback proxy's HTTP and gRPC ports
+
+
+def _port_block(first: int, rng: Any, span: int = 200, tries: int = 50) -> int:
+    """The first of `span + SINGLE_PORTS` ports: the replicas' direct-ingress ranges (HTTP, then gRPC: `span`),
+    then the four single ports, below the kernel's ephemeral range where there is room: every Ray process
+    listens on ports the kernel picks from that range (on all interfaces, behind Ray's token auth), so a
+    range inside it can hold one of them: a port Serve cannot bind, and an RPC listener that looks like a
+    replica's (seen once: a replica's own RPC port inside its HTTP range). The single ports are bound only
+    once Ray and Serve run, seconds and hundreds of sockets later: one taken from the ephemeral range (bind
+    to port 0, then close) can be handed to any of those meanwhile (seen: HAProxy "cannot bind socket
+    (Address already in use)" at startup). A block whose single ports are not free now is passed over.
+    `first`: the ephemeral range's first port; `rng`: a `random.Random`."""
+    size = span + SINGLE_PORTS
+    for _ in range(tries):
+        if first - size > 20000:  # above Ray's own defaults (10001 its client server, 10002-19999 `ray start`'s workers)
+            base = rng.randrange(20000, first - size + 1, size)
+        else:  # no room below it: a block among the ephemeral ports
+            base = rng.randrange(20000, 60000, size)
+        if all(_bindable(p) for p in range(base + span, base + size)):
+            return base
+    raise RuntimeError(f"no free ports for Serve's HAProxy ingress in {tries} blocks of {size} from 20000 up")
 
 
 def haproxy_env(private: Path) -> dict[str, str]:
@@ -80,7 +97,7 @@ def haproxy_env(private: Path) -> dict[str, str]:
 
     private.mkdir(parents=True, exist_ok=True)
     private.chmod(0o700)
-    base = _replica_port_base(_ephemeral_start(), random)  # replica ports: [base, base+99] HTTP, then gRPC
+    base = _port_block(_ephemeral_start(), random)  # replica ports: [base, base+99] HTTP, then gRPC; then 4 singles
     return {
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(private / "haproxy.cfg"),
@@ -88,11 +105,11 @@ def haproxy_env(private: Path) -> dict[str, str]:
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(private),
         "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(private / "server-state"),
         "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(private / "metrics.sock"),
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(base + 200),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(base + 201),
         # Serve's fallback proxy (HAProxy mode keeps one on the head): Ray's fixed 8500/9500 collide too.
-        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(_free_port()),
-        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(_free_port()),
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(base + 202),
+        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(base + 203),
         "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(base),
         "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(base + 99),
         "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(base + 100),

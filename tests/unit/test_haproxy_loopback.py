@@ -124,11 +124,60 @@ def test_the_replicas_port_ranges_lie_below_the_kernels_ephemeral_ports(tmp_path
     assert 20000 <= lo and lo + 199 == hi < 32768  # above Ray's default worker ports (10002-19999)
 
 
+SINGLE_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT",
+                "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT")
+
+
+def _kernels_ephemeral_range() -> tuple[int, int]:
+    lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    return int(lo), int(hi)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_haproxys_and_the_fallback_proxys_ports_are_not_ones_the_kernel_hands_out_meanwhile(tmp_path, seed, monkeypatch):
+    """HAProxy binds its stats and metrics ports, Serve its fallback proxy's, only once Ray and Serve have
+    started: seconds and hundreds of sockets later. A port taken from the kernel's ephemeral range (bind to
+    port 0, then close) can be handed to any of those sockets meanwhile. Seen in a 30-run `clawray bench`
+    (2026-12-07): "cannot bind socket (Address already in use) for [127.0.0.1:44747]", HAProxy crashed at
+    startup and the run failed. The ports lie below that range, beside the replicas' ranges, and are free."""
+    import random
+    import socket
+
+    from cluster import serve_app
+
+    first, last = _kernels_ephemeral_range()
+    monkeypatch.setattr(random, "randrange", random.Random(seed).randrange)
+    env = serve_app.haproxy_env(tmp_path / "ha")
+    singles = [int(env[k]) for k in SINGLE_PORTS]
+    replicas = range(int(env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"]), int(env["RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT"]) + 1)
+    assert len(set(singles)) == 4 and not set(singles) & set(replicas)
+    if first - 204 > 20000:  # room below the range (this machine's kernel)
+        assert all(20000 <= p < first for p in singles), (singles, first, last)
+    for p in singles:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))  # free when chosen
+
+
+def test_a_block_whose_port_is_taken_is_passed_over(monkeypatch):
+    import random
+    import socket
+
+    from cluster import serve_app
+
+    first = 32768
+    chosen = serve_app._port_block(first, random.Random(3))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", chosen + 201))  # the metrics port of that block, taken by someone else
+        taken.listen()
+        again = serve_app._port_block(first, random.Random(3))
+    assert again != chosen and 20000 <= again < first - 204
+
+
 def test_without_room_below_the_ephemeral_ports_the_range_still_fits_in_the_port_space():
     import random
 
-    from cluster.serve_app import _ephemeral_start, _replica_port_base
+    from cluster.serve_app import _ephemeral_start, _port_block
 
     rng = random.Random(0)
-    assert all(20000 <= _replica_port_base(20100, rng) <= 60000 - 200 for _ in range(50))
+    assert all(20000 <= _port_block(20100, rng) <= 60000 - 204 for _ in range(50))
     assert 1024 <= _ephemeral_start() <= 65535  # this machine's, read from the kernel
