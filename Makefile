@@ -37,7 +37,7 @@ $(MODEL): $(STAMP) scripts/make_tiny_model.py
 setup: $(STAMP) $(MODEL)
 
 # The instruction-following tiny model (issue 18; once on 2 cores: ~9 minutes on an Intel Xeon with AMX, ~20 in fp32 on an AVX2-only
-# AMD EPYC): the demo's model (harness/demo.py DEMO_MODEL) and `clawray bench --model tiny-instruct`. The script's own
+# AMD EPYC, ~13 in fp32 on an AVX-512 Xeon without bf16): the demo's model (harness/demo.py DEMO_MODEL) and `clawray bench --model tiny-instruct`. The script's own
 # fingerprint (its sources' code, not their prose) decides whether it retrains.
 INSTRUCT := .cache/tiny-instruct/clawray-build.json
 $(INSTRUCT): $(MODEL) scripts/make_instruct_model.py scripts/instruct_eval.py harness/corpus.py evolve/evolvers.py \
