@@ -63,10 +63,11 @@ def _bindable(port: int) -> bool:
     return True
 
 
-SINGLE_PORTS = 4  # HAProxy's stats and metrics ports, the fallback proxy's HTTP and gRPC ports
+REPLICA_PORTS = 200  # the replicas' direct-ingress ports: 100 HTTP, then 100 gRPC
+SINGLE_PORTS = 4  # after them: HAProxy's stats and metrics ports, the fallback proxy's HTTP and gRPC ports
 
 
-def _port_block(first: int, rng: Any, span: int = 200, tries: int = 50) -> int:
+def _port_block(first: int, rng: Any, span: int = REPLICA_PORTS, tries: int = 50) -> int:
     """The first of `span + SINGLE_PORTS` ports: the replicas' direct-ingress ranges (HTTP, then gRPC: `span`),
     then the four single ports, below the kernel's ephemeral range where there is room: every Ray process
     listens on ports the kernel picks from that range (on all interfaces, behind Ray's token auth), so a
@@ -97,7 +98,8 @@ def haproxy_env(private: Path) -> dict[str, str]:
 
     private.mkdir(parents=True, exist_ok=True)
     private.chmod(0o700)
-    base = _port_block(_ephemeral_start(), random)  # replica ports: [base, base+99] HTTP, then gRPC; then 4 singles
+    base = _port_block(_ephemeral_start(), random)  # replica ports: [base, base+99] HTTP, then gRPC
+    single = base + REPLICA_PORTS  # then the four single ports
     return {
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(private / "haproxy.cfg"),
@@ -105,11 +107,11 @@ def haproxy_env(private: Path) -> dict[str, str]:
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(private),
         "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(private / "server-state"),
         "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(private / "metrics.sock"),
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(base + 200),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(base + 201),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(single),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(single + 1),
         # Serve's fallback proxy (HAProxy mode keeps one on the head): Ray's fixed 8500/9500 collide too.
-        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(base + 202),
-        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(base + 203),
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(single + 2),
+        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(single + 3),
         "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(base),
         "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(base + 99),
         "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(base + 100),
